@@ -1,0 +1,29 @@
+# `make test` is the README's test command and what CI runs: it creates the virtual environment, installs
+# everything, and runs the whole suite in parallel.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CI profile: more examples, no deadline, derandomised so a CI run is reproducible.
+HYPOTHESIS_PROFILE ?= ci
+PYTEST_ARGS ?=
+
+.PHONY: venv test test-numerics clean
+
+# Re-install whenever pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=23.1"
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+test: venv
+	$(PY) -m pytest -n auto --hypothesis-profile=$(HYPOTHESIS_PROFILE) $(PYTEST_ARGS)
+
+# Only the CPU numerics: the quick loop on a laptop.
+test-numerics: venv
+	$(PY) -m pytest -n auto tests/numerics -m "not gpu" --hypothesis-profile=$(HYPOTHESIS_PROFILE) $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

@@ -1,0 +1,76 @@
+"""Project-wide pytest configuration: command-line options, GPU detection, hypothesis profiles.
+
+Profiles (pick one with `--hypothesis-profile NAME`; `ci` is the default when the CI variable is set):
+- `dev`: few examples, quick feedback on a laptop;
+- `ci`: more examples, no deadline, derandomised so a CI run is reproducible;
+- `gpu`: for runs on an accelerator at the real model's dimensions, where one example is expensive.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "dev",
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "ci",
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "gpu",
+    max_examples=15,
+    deadline=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("qwen36", "Qwen3.6 serving harness")
+    group.addoption(
+        "--server-url",
+        default=None,
+        help="Base URL of a live OpenAI-compatible server (e.g. http://10.0.0.5:8000). "
+        "Without it, server suites start the embedded tiny vLLM CPU server.",
+    )
+    group.addoption(
+        "--baseline-profile",
+        default=None,
+        help="Name of a baseline under fixtures/baselines/ that perf gates compare against.",
+    )
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why `gpu` tests cannot run here, or None when a CUDA device is usable."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        built = torch.version.cuda or "no CUDA (CPU build)"
+        return f"no CUDA device: torch {torch.__version__} built with {built} sees none"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    reason = cuda_unavailable_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=reason)
+    for item in gpu_items:
+        item.add_marker(skip)

@@ -1,0 +1,27 @@
+"""Qwen3.5/3.6 sparse MoE: router variants, the expert-path table, the dispatcher and the block."""
+from .block import MOE_HF_NAMES, MoEWeights, moe_block, moe_block_reference, shared_expert
+from .config import MoEConfig, MoEConfigError
+from .dispatch import dispatch_experts, select_expert_path
+from .experts import EXPERT_PATHS, ExpertPath, expert_paths_for, register_expert_path, run_expert_path
+from .router import ROUTERS, route_reference, route_topk_softmax, topk_lowest_id_on_ties
+
+__all__ = [
+    "EXPERT_PATHS",
+    "ExpertPath",
+    "MOE_HF_NAMES",
+    "MoEConfig",
+    "MoEConfigError",
+    "MoEWeights",
+    "ROUTERS",
+    "dispatch_experts",
+    "expert_paths_for",
+    "moe_block",
+    "moe_block_reference",
+    "register_expert_path",
+    "route_reference",
+    "route_topk_softmax",
+    "run_expert_path",
+    "select_expert_path",
+    "shared_expert",
+    "topk_lowest_id_on_ties",
+]

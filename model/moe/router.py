@@ -1,0 +1,76 @@
+"""MoE router: which experts each token visits and with what weight.
+
+Tie rule (both variants): experts are ranked by their float32 router logit, larger first; among exactly
+equal logits the lower expert id ranks first. Selection is defined on the logits, not on the rounded
+softmax probabilities: softmax is monotonic, so both orders agree in exact arithmetic, but rounding can
+make two different logits produce equal float32 probabilities and invent a tie that does not exist.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["route_reference", "route_topk_softmax", "ROUTERS", "topk_lowest_id_on_ties"]
+
+
+def _as_router_logits(logits: torch.Tensor) -> torch.Tensor:
+    # `+ 0.0` folds -0.0 into +0.0 so a signed zero can never break an exact tie.
+    return logits.float() + 0.0
+
+
+def _check_top_k(logits: torch.Tensor, top_k: int) -> None:
+    num_experts = logits.shape[-1]
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k={top_k} must be between 1 and the number of experts ({num_experts})")
+
+
+def route_reference(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3.5 routing as specified: fp32 softmax over all experts -> top-k -> renormalise.
+
+    Returns (weights float32 [T, k], expert ids int64 [T, k]), ranked by the tie rule. The ranking is a
+    stable descending sort, written for clarity, not speed.
+    """
+    _check_top_k(logits, top_k)
+    logits = _as_router_logits(logits)
+    probs = torch.softmax(logits, dim=-1)
+    ids = torch.sort(logits, dim=-1, descending=True, stable=True).indices[..., :top_k]
+    picked = probs.gather(-1, ids)
+    return picked / picked.sum(dim=-1, keepdim=True), ids
+
+
+def _order_preserving_int(values: torch.Tensor) -> torch.Tensor:
+    """Map float32 to int64 so that integer order equals float order (NaN ranks above +inf)."""
+    bits = values.contiguous().view(torch.int32).to(torch.int64)
+    # Negative floats compare in reverse bit order: flip their magnitude bits.
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+def topk_lowest_id_on_ties(values: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`torch.topk` with the tie rule made exact: pack (value, -expert id) into one int64 key.
+
+    torch.topk leaves the order of equal values unspecified (and it differs between CPU and CUDA).
+    """
+    num_experts = values.shape[-1]
+    expert_ids = torch.arange(num_experts, device=values.device, dtype=torch.int64)
+    key = (_order_preserving_int(values) << 20) | (num_experts - 1 - expert_ids)
+    ids = torch.topk(key, top_k, dim=-1).indices
+    return values.gather(-1, ids), ids
+
+
+def route_topk_softmax(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The optimised variant: top-k of the logits, then a softmax over only those k.
+
+    Equal to the reference because softmax(z)_i / sum_{j in S} softmax(z)_j = softmax(z_S)_i: the full
+    normaliser cancels. It avoids the [T, num_experts] softmax.
+    """
+    _check_top_k(logits, top_k)
+    if logits.shape[-1] >= 1 << 20:
+        raise ValueError("route_topk_softmax packs expert ids into 20 bits: at most 1048575 experts")
+    top_logits, ids = topk_lowest_id_on_ties(_as_router_logits(logits), top_k)
+    return torch.softmax(top_logits, dim=-1), ids
+
+
+# Every router variant; tests iterate this table.
+ROUTERS = {
+    "reference": route_reference,
+    "topk_softmax": route_topk_softmax,
+}
