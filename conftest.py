@@ -37,6 +37,17 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Under pytest-xdist every worker is a process: one intra-op thread each, or torch's thread pools
+    # oversubscribe the cores and small kernels slow down tenfold.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        try:
+            import torch
+        except ImportError:
+            return
+        torch.set_num_threads(1)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("qwen36", "Qwen3.6 serving harness")
     group.addoption(

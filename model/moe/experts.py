@@ -96,6 +96,11 @@ def path_output_dtype(name: str, input_dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if name == "reference" else input_dtype
 
 
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulate the weighted sum over experts in float32, or float64 for float64 inputs."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def _silu_and_mul(h: torch.Tensor) -> torch.Tensor:
     gate, up = h.chunk(2, dim=-1)
     return F.silu(gate) * up
@@ -123,7 +128,8 @@ def experts_decode_fused(x, w13, w2, weights, ids, out):
     sel = ids[0]
     h = F.linear(x, w13[sel].reshape(top_k * two_i, hidden)).view(top_k, two_i)
     y = torch.bmm(w2[sel], _silu_and_mul(h).unsqueeze(-1)).squeeze(-1)  # [k, H]
-    out[0] = (y.float() * weights[0, :, None]).sum(0).to(out.dtype)
+    acc = _acc_dtype(x.dtype)
+    out[0] = (y.to(acc) * weights[0, :, None].to(acc)).sum(0).to(out.dtype)
     return out
 
 
@@ -136,7 +142,8 @@ def experts_tiny_bmm(x, w13, w2, weights, ids, out):
     x_rep = x.repeat_interleave(top_k, dim=0).unsqueeze(-1)  # [T*k, H, 1]
     h = torch.bmm(w13[flat], x_rep).squeeze(-1)  # [T*k, 2I]
     y = torch.bmm(w2[flat], _silu_and_mul(h).unsqueeze(-1)).squeeze(-1)  # [T*k, H]
-    y = y.view(num_tokens, top_k, -1).float() * weights[:, :, None]
+    acc = _acc_dtype(x.dtype)
+    y = y.view(num_tokens, top_k, -1).to(acc) * weights[:, :, None].to(acc)
     return out.copy_(y.sum(1))
 
 
@@ -161,8 +168,8 @@ def experts_sorted(x, w13, w2, weights, ids, out):
     """Sort (token, expert) pairs by expert; one GEMM pair per expert that has tokens; `index_add_`."""
     top_k = ids.shape[1]
     order, counts = _group_by_expert(ids, w13.shape[0])
-    flat_weights = weights.reshape(-1)
-    acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    flat_weights = weights.reshape(-1).to(_acc_dtype(x.dtype))
+    acc = torch.zeros(x.shape, dtype=flat_weights.dtype, device=x.device)
     start = 0
     for e, count in enumerate(counts.tolist()):  # one device sync for all counts
         if count == 0:
@@ -171,7 +178,7 @@ def experts_sorted(x, w13, w2, weights, ids, out):
         tokens = slots // top_k
         h = F.linear(x[tokens], w13[e])
         y = F.linear(_silu_and_mul(h), w2[e])
-        acc.index_add_(0, tokens, y.float() * flat_weights[slots, None])
+        acc.index_add_(0, tokens, y.to(acc.dtype) * flat_weights[slots, None])
         start += count
     return out.copy_(acc)
 
@@ -185,14 +192,33 @@ def _grouped_mm_available(device: torch.device, dtype: torch.dtype) -> bool:
     return True
 
 
+def _pad_dim(t: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
+    """Zero-pad `dim` up to a multiple (zeros leave every product unchanged); no copy when aligned."""
+    extra = -t.shape[dim] % multiple
+    if extra == 0:
+        return t
+    pad = [0, 0] * (t.dim() - 1 - dim) + [0, extra]
+    return F.pad(t, pad)
+
+
 def experts_grouped_mm(x, w13, w2, weights, ids, out):
     """Sorted like `sorted`, but both projections as one `torch._grouped_mm` each, no per-expert loop."""
-    top_k = ids.shape[1]
+    top_k, inter = ids.shape[1], w2.shape[2]
+    # _grouped_mm needs 16-byte aligned row strides. The real model's dims are aligned (no copy); other
+    # shapes are zero-padded, gate and up halves separately so the chunk(2) split stays right.
+    multiple = 16 // x.element_size()
+    x_p = _pad_dim(x, 1, multiple)
+    w13_p, w2_p = w13, w2
+    if inter % multiple or x.shape[1] % multiple:
+        halves = (w13[:, :inter], w13[:, inter:])
+        w13_p = torch.cat([_pad_dim(_pad_dim(half, 2, multiple), 1, multiple) for half in halves], dim=1)
+        w2_p = _pad_dim(_pad_dim(w2, 2, multiple), 1, multiple)
+
     order, counts = _group_by_expert(ids, w13.shape[0])
     tokens = order // top_k
     offsets = torch.cumsum(counts, 0).to(torch.int32)
-    h = torch._grouped_mm(x[tokens], w13.transpose(1, 2), offs=offsets)
-    y = torch._grouped_mm(_silu_and_mul(h), w2.transpose(1, 2), offs=offsets)
+    h = torch._grouped_mm(x_p[tokens], w13_p.transpose(1, 2), offs=offsets)
+    y = torch._grouped_mm(_silu_and_mul(h), w2_p.transpose(1, 2), offs=offsets)[:, : x.shape[1]]
     acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     acc.index_add_(0, tokens, y.float() * weights.reshape(-1)[order, None])
     return out.copy_(acc)

@@ -1,0 +1,121 @@
+"""The MoE properties on a CUDA GPU, at small dims and at the real model's per-rank dimensions.
+
+Real per-rank dims (TP=4): hidden 2048, 256 experts, top-8, expert intermediate 512/4 = 128, shared 128.
+Run with `--hypothesis-profile=gpu`. With GPU_REPORT_DIR set, writes the measured errors and path timings
+to $GPU_REPORT_DIR/moe_gpu.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+
+import pytest
+import torch
+from hypothesis import strategies as st
+
+from model.moe import EXPERT_PATHS, MoEConfig, moe_block
+from model.tp import moe_block_tp
+from tests.numerics import tolerances
+from tests.numerics.compare import assert_close, poisoned_like
+from tests.numerics.moe_cases import (
+    ROUTING_PATTERNS, MoECase, block_reference, check_expert_path, expert_path_error, make_hidden, make_moe_weights,
+    make_routing, moe_cases,
+)
+
+pytestmark = pytest.mark.gpu
+DEVICE = "cuda"
+REAL = dict(experts=256, top_k=8, hidden=2048, intermediate=128, shared_intermediate=128)
+REPORT: dict = {"errors": {}, "timings_ms": {}}
+
+
+def real_cases(tokens):
+    return moe_cases(
+        tokens=tokens,
+        experts=st.just(REAL["experts"]),
+        top_k=st.just(REAL["top_k"]),
+        hidden=st.just(REAL["hidden"]),
+        intermediate=st.just(REAL["intermediate"]),
+        shared_intermediate=st.just(REAL["shared_intermediate"]),
+    )
+
+
+def _paths_for(dtype):
+    return [n for n, p in sorted(EXPERT_PATHS.items()) if n != "reference" and p.supports(p.min_tokens, dtype, DEVICE)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bfloat16", "float32"])
+def test_expert_paths_equal_reference_on_gpu_small_dims(dtype):
+    for name in _paths_for(dtype):
+        check_expert_path(EXPERT_PATHS[name], dtype, tolerances.expert_path_tolerance(name, dtype), device=DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bfloat16", "float32"])
+def test_expert_paths_equal_reference_at_real_per_rank_dims(dtype):
+    for name in _paths_for(dtype):
+        path = EXPERT_PATHS[name]
+        tokens = st.integers(path.min_tokens, min(path.max_tokens or 512, 512))
+        check_expert_path(path, dtype, tolerances.expert_path_tolerance(name, dtype), device=DEVICE, cases=real_cases(tokens))
+        # Record the error per routing pattern at a few token counts for the report.
+        for pattern in ROUTING_PATTERNS:
+            for t in (1, 2, 4, 8, 64, 512):
+                if path.supports(t, dtype, DEVICE):
+                    case = MoECase(tokens=t, pattern=pattern, seed=t, **REAL)
+                    err = expert_path_error(path, case, dtype, DEVICE)
+                    key = f"{name}/{str(dtype).removeprefix('torch.')}/{pattern}"
+                    REPORT["errors"][key] = max(err, REPORT["errors"].get(key, 0.0))
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+def test_moe_block_at_real_dims_equals_float64_block(tp):
+    """The whole block (router + dispatched experts + shared expert), unsharded and TP=4 summed, bf16."""
+    full = dict(REAL, intermediate=512, shared_intermediate=512)  # the unsharded checkpoint
+    for tokens in (1, 3, 8, 200):
+        case = MoECase(tokens=tokens, pattern="random", seed=tokens, **full)
+        w = make_moe_weights(case, torch.bfloat16, DEVICE)
+        x = make_hidden(case, torch.bfloat16, DEVICE)
+        out = moe_block(x, w, MoEConfig()) if tp == 1 else moe_block_tp(x, w, tp, MoEConfig())
+        ref, scale = block_reference(x, w)
+        err = assert_close(out, ref, tolerances.MOE_BLOCK[torch.bfloat16], f"block TP={tp} T={tokens}", scale=scale)
+        REPORT["errors"][f"block_tp{tp}/bfloat16/T{tokens}"] = err
+
+
+def _time_ms(fn, reps=50) -> float:
+    for _ in range(5):
+        fn()
+    samples = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end))
+    return statistics.median(samples)
+
+
+def test_expert_path_timings_at_real_per_rank_dims_are_recorded():
+    """Not a gate: median time per path and token count (bf16), for the issue note and later baselines."""
+    dtype = torch.bfloat16
+    for tokens in (1, 2, 4, 8, 16, 64, 512, 2048):
+        case = MoECase(tokens=tokens, pattern="random", seed=0, **REAL)
+        w = make_moe_weights(case, dtype, DEVICE)
+        x = make_hidden(case, dtype, DEVICE)
+        weights, ids = make_routing(case, DEVICE)
+        out = poisoned_like(x.shape, dtype, DEVICE)
+        for name in _paths_for(dtype):
+            path = EXPERT_PATHS[name]
+            if not path.supports(tokens, dtype, DEVICE) or (name.startswith("tiny") and tokens > 64):
+                continue
+            ms = _time_ms(lambda: path.fn(x, w.w13, w.w2, weights, ids, out))
+            REPORT["timings_ms"][f"{name}/T{tokens}"] = round(ms, 4)
+    assert REPORT["timings_ms"], "no path was timed"
+
+
+def teardown_module(module):
+    directory = os.environ.get("GPU_REPORT_DIR")
+    if directory:
+        REPORT["device"] = torch.cuda.get_device_name(0)
+        REPORT["torch"] = torch.__version__
+        with open(os.path.join(directory, "moe_gpu.json"), "w") as f:
+            json.dump(REPORT, f, indent=2, sort_keys=True)
