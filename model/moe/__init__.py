@@ -1,5 +1,5 @@
 """Qwen3.5/3.6 sparse MoE: router variants, the expert-path table, the dispatcher and the block."""
-from .block import MOE_HF_NAMES, MoEWeights, moe_block, moe_block_reference, shared_expert
+from .block import MOE_HF_NAMES, MoEWeights, fuse_per_expert_weights, moe_block, moe_block_reference, shared_expert
 from .config import MoEConfig, MoEConfigError
 from .dispatch import dispatch_experts, select_expert_path
 from .experts import EXPERT_PATHS, ExpertPath, expert_paths_for, register_expert_path, run_expert_path
@@ -15,6 +15,7 @@ __all__ = [
     "ROUTERS",
     "dispatch_experts",
     "expert_paths_for",
+    "fuse_per_expert_weights",
     "moe_block",
     "moe_block_reference",
     "register_expert_path",

@@ -17,7 +17,7 @@ from .dispatch import dispatch_experts
 from .experts import experts_reference
 from .router import ROUTERS, route_reference
 
-__all__ = ["MoEWeights", "shared_expert", "moe_block", "moe_block_reference", "MOE_HF_NAMES"]
+__all__ = ["MoEWeights", "fuse_per_expert_weights", "shared_expert", "moe_block", "moe_block_reference", "MOE_HF_NAMES"]
 
 # MoEWeights field -> key in an HF Qwen3_5MoeSparseMoeBlock / Qwen3NextSparseMoeBlock state dict.
 MOE_HF_NAMES = {
@@ -80,6 +80,11 @@ class MoEWeights:
 
     @classmethod
     def from_hf_state_dict(cls, state: Mapping[str, torch.Tensor], top_k: int, prefix: str = "") -> "MoEWeights":
+        """Read a block's weights: the fused in-memory layout of transformers (`experts.gate_up_proj`), or the
+        per-expert keys (`experts.{e}.gate_proj.weight` ...) that checkpoints store on disk."""
+        if prefix + MOE_HF_NAMES["w13"] not in state and prefix + MOE_HF_NAMES["router"] in state:
+            num_experts = state[prefix + MOE_HF_NAMES["router"]].shape[0]
+            state = {**state, **fuse_per_expert_weights(state, prefix, num_experts)}
         missing = [prefix + key for key in MOE_HF_NAMES.values() if prefix + key not in state]
         if missing:
             raise KeyError(f"MoE block state dict lacks {missing}; is {prefix!r} the right prefix?")
@@ -87,6 +92,25 @@ class MoEWeights:
 
     def to_hf_state_dict(self, prefix: str = "") -> dict[str, torch.Tensor]:
         return {prefix + key: getattr(self, name) for name, key in MOE_HF_NAMES.items()}
+
+
+def fuse_per_expert_weights(state: Mapping[str, torch.Tensor], prefix: str, num_experts: int) -> dict[str, torch.Tensor]:
+    """The fused `experts.gate_up_proj` [E, 2I, H] (gate rows first) and `experts.down_proj` [E, H, I] of an
+    MoE block from the per-expert `experts.{e}.{gate,up,down}_proj.weight` keys that HF checkpoints store
+    on disk (transformers fuses them at load time and splits them again in `save_pretrained`)."""
+
+    def per_expert(proj: str) -> list[torch.Tensor]:
+        keys = [f"{prefix}experts.{e}.{proj}.weight" for e in range(num_experts)]
+        missing = [k for k in keys if k not in state]
+        if missing:
+            raise KeyError(f"MoE block state dict lacks {missing[:3]}{' ...' if len(missing) > 3 else ''}")
+        return [state[k] for k in keys]
+
+    gate, up, down = per_expert("gate_proj"), per_expert("up_proj"), per_expert("down_proj")
+    return {
+        prefix + MOE_HF_NAMES["w13"]: torch.stack([torch.cat([g, u], dim=0) for g, u in zip(gate, up)]),
+        prefix + MOE_HF_NAMES["w2"]: torch.stack(down),
+    }
 
 
 def shared_expert(x: torch.Tensor, w: MoEWeights) -> torch.Tensor:

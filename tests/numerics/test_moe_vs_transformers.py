@@ -83,3 +83,21 @@ def test_hf_state_dict_missing_key_is_named():
     del state["experts.down_proj"]
     with pytest.raises(KeyError, match="experts.down_proj"):
         MoEWeights.from_hf_state_dict(state, top_k=2)
+
+
+def test_per_expert_checkpoint_keys_load_as_the_fused_layout():
+    """On disk, HF stores experts as `experts.{e}.{gate,up,down}_proj.weight`; both layouts load the same."""
+    block = hf_block("qwen3_5_moe", 8, 4, 2, 3, 4, 0, torch.float32)
+    fused = block.state_dict()
+    per_expert = {k: v for k, v in fused.items() if not k.startswith("experts.")}
+    inter = fused["experts.down_proj"].shape[2]
+    for e in range(4):
+        per_expert[f"experts.{e}.gate_proj.weight"] = fused["experts.gate_up_proj"][e, :inter]
+        per_expert[f"experts.{e}.up_proj.weight"] = fused["experts.gate_up_proj"][e, inter:]
+        per_expert[f"experts.{e}.down_proj.weight"] = fused["experts.down_proj"][e]
+    a = MoEWeights.from_hf_state_dict(fused, top_k=2)
+    b = MoEWeights.from_hf_state_dict(per_expert, top_k=2)
+    assert all(torch.equal(a.tensors()[k], b.tensors()[k]) for k in a.tensors())
+    del per_expert["experts.3.down_proj.weight"]
+    with pytest.raises(KeyError, match=r"experts.3.down_proj.weight"):
+        MoEWeights.from_hf_state_dict(per_expert, top_k=2)

@@ -1,0 +1,195 @@
+"""Gated full attention of Qwen3.5/3.6 (and Qwen3-Next), with a KV cache for prefill over a cached prefix.
+
+    [q | gate] per head = x @ q_proj^T      (head-major rows: head h owns [2D*h, 2D*h + D) q, then D gate rows)
+    q = rope(q_norm(q)), k = rope(k_norm(x @ k_proj^T)), v = x @ v_proj^T      (zero-centred norms, partial RoPE)
+    o = causal_softmax(q k^T / sqrt(D)) v       (GQA: query head h reads kv head h // (NH / NKV))
+    y = (o * sigmoid(gate)) @ o_proj^T
+A cached prefix of P tokens puts the new queries at positions P.. and lets them attend to all P cached keys.
+
+Attention cores (the softmax(q k^T) v part) are registered in `ATTENTION_CORES`:
+`fn(q [B, NH, T, D], k [B, NKV, S, D], v [B, NKV, S, D], q_start, scale) -> [B, NH, T, D]` in q's dtype,
+where query i sits at position q_start + i and key j at position j (S = q_start + T).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from .norm import RMS_NORM_PATHS, compute_dtype
+from .rope import apply_partial_rope, rope_cos_sin
+
+__all__ = [
+    "AttentionDims",
+    "AttentionWeights",
+    "KVCache",
+    "ATTENTION_CORES",
+    "attention_core_reference",
+    "attention_core_sdpa",
+    "gated_attention",
+    "ATTENTION_HF_NAMES",
+]
+
+ATTENTION_HF_NAMES = {
+    "q_proj": "q_proj.weight",
+    "k_proj": "k_proj.weight",
+    "v_proj": "v_proj.weight",
+    "o_proj": "o_proj.weight",
+    "q_norm": "q_norm.weight",
+    "k_norm": "k_norm.weight",
+}
+
+
+@dataclass(frozen=True)
+class AttentionDims:
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    rope_theta: float
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_heads} is not a multiple of num_key_value_heads={self.num_kv_heads}"
+            )
+        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
+            raise ValueError(f"rotary_dim={self.rotary_dim} must be even and in (0, head_dim={self.head_dim}]")
+
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    q_proj: torch.Tensor  # [NH * 2D, hidden], per head [q | gate]
+    k_proj: torch.Tensor  # [NKV * D, hidden]
+    v_proj: torch.Tensor  # [NKV * D, hidden]
+    o_proj: torch.Tensor  # [hidden, NH * D]
+    q_norm: torch.Tensor  # [D], zero-centred
+    k_norm: torch.Tensor  # [D], zero-centred
+    dims: AttentionDims
+
+    def __post_init__(self) -> None:
+        d = self.dims
+        expected = {
+            "q_proj": (2 * d.num_heads * d.head_dim, d.hidden_size),
+            "k_proj": (d.num_kv_heads * d.head_dim, d.hidden_size),
+            "v_proj": (d.num_kv_heads * d.head_dim, d.hidden_size),
+            "o_proj": (d.hidden_size, d.num_heads * d.head_dim),
+            "q_norm": (d.head_dim,),
+            "k_norm": (d.head_dim,),
+        }
+        for name, shape in expected.items():
+            actual = tuple(getattr(self, name).shape)
+            if actual != shape:
+                hint = " (attention projections with a bias are not supported)" if name.endswith("proj") else ""
+                raise ValueError(f"AttentionWeights.{name} has shape {actual}; expected {shape} for {d}{hint}")
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "dims"}
+
+    def to(self, dtype: torch.dtype | None = None, device=None) -> "AttentionWeights":
+        return replace(self, **{k: v.to(device=device, dtype=dtype) for k, v in self.tensors().items()})
+
+    @classmethod
+    def from_hf_state_dict(
+        cls, state: Mapping[str, torch.Tensor], dims: AttentionDims, prefix: str = ""
+    ) -> "AttentionWeights":
+        missing = [prefix + key for key in ATTENTION_HF_NAMES.values() if prefix + key not in state]
+        if missing:
+            raise KeyError(f"attention state dict lacks {missing}; is {prefix!r} the right prefix?")
+        if any(prefix + f"{p}.bias" in state for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
+            raise ValueError(f"{prefix}: attention_bias=True checkpoints are not supported (Qwen3.5/3.6 has none)")
+        return cls(dims=dims, **{name: state[prefix + key] for name, key in ATTENTION_HF_NAMES.items()})
+
+    def to_hf_state_dict(self, prefix: str = "") -> dict[str, torch.Tensor]:
+        return {prefix + key: getattr(self, name) for name, key in ATTENTION_HF_NAMES.items()}
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """Rotated keys and values of the tokens seen so far: [B, NKV, S, D] each, in the activation dtype."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        return self.k.shape[2]
+
+    @classmethod
+    def empty(cls, batch: int, dims: AttentionDims, dtype: torch.dtype, device=None) -> "KVCache":
+        shape = (batch, dims.num_kv_heads, 0, dims.head_dim)
+        return cls(torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device))
+
+
+def _causal_mask(q_start: int, tokens: int, keys: int, device) -> torch.Tensor:
+    """True where query i (position q_start + i) may see key j: j <= q_start + i."""
+    query_pos = torch.arange(q_start, q_start + tokens, device=device)[:, None]
+    return torch.arange(keys, device=device)[None, :] <= query_pos
+
+
+def _expand_kv(t: torch.Tensor, num_heads: int) -> torch.Tensor:
+    # Query head h reads kv head h // group: repeat_interleave (HF's repeat_kv), not repeat.
+    return t.repeat_interleave(num_heads // t.shape[1], dim=1)
+
+
+def attention_core_reference(q, k, v, q_start, scale):
+    """Written out: scores, masked fill, softmax, weighted sum, in float32 (float64 for float64 input)."""
+    ct = compute_dtype(q.dtype)
+    k, v = _expand_kv(k.to(ct), q.shape[1]), _expand_kv(v.to(ct), q.shape[1])
+    scores = (q.to(ct) @ k.transpose(-1, -2)) * scale
+    mask = _causal_mask(q_start, q.shape[2], k.shape[2], q.device)
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return (probs @ v).to(q.dtype)
+
+
+def attention_core_sdpa(q, k, v, q_start, scale):
+    """`F.scaled_dot_product_attention` with a boolean prefix-causal mask (the PREFIX attention shape)."""
+    k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
+    if q_start == 0:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    mask = _causal_mask(q_start, q.shape[2], k.shape[2], q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+ATTENTION_CORES: dict[str, Callable[..., torch.Tensor]] = {
+    "reference": attention_core_reference,
+    "sdpa": attention_core_sdpa,
+}
+
+
+def gated_attention(
+    x: torch.Tensor,
+    w: AttentionWeights,
+    cache: KVCache | None = None,
+    *,
+    core: str = "sdpa",
+    norm: str = "fused",
+) -> tuple[torch.Tensor, KVCache]:
+    """y [B, T, hidden] in x's dtype for T new tokens after `cache` (None: a fresh sequence), and the cache
+    extended by them."""
+    d = w.dims
+    if x.dim() != 3 or x.shape[-1] != d.hidden_size:
+        raise ValueError(f"attention input has shape {tuple(x.shape)}; expected [B, T, {d.hidden_size}]")
+    batch, tokens, _ = x.shape
+    if cache is None:
+        cache = KVCache.empty(batch, d, x.dtype, x.device)
+    if cache.k.shape[0] != batch:
+        raise ValueError(f"the KV cache holds {cache.k.shape[0]} sequences but the input has {batch}")
+    rms = RMS_NORM_PATHS[norm].fn
+    q, gate = F.linear(x, w.q_proj).view(batch, tokens, d.num_heads, 2 * d.head_dim).chunk(2, dim=-1)
+    q = rms(q, w.q_norm, d.eps).transpose(1, 2)
+    k = rms(F.linear(x, w.k_proj).view(batch, tokens, d.num_kv_heads, d.head_dim), w.k_norm, d.eps).transpose(1, 2)
+    v = F.linear(x, w.v_proj).view(batch, tokens, d.num_kv_heads, d.head_dim).transpose(1, 2)
+    start = cache.length
+    positions = torch.arange(start, start + tokens, device=x.device)
+    cos, sin = rope_cos_sin(positions, d.rotary_dim, d.rope_theta, x.dtype)
+    q, k = apply_partial_rope(q, cos, sin), apply_partial_rope(k, cos, sin)
+    new_cache = KVCache(torch.cat([cache.k, k.to(cache.k.dtype)], dim=2), torch.cat([cache.v, v.to(cache.v.dtype)], dim=2))
+    o = ATTENTION_CORES[core](q, new_cache.k, new_cache.v, start, d.head_dim**-0.5)
+    o = o.transpose(1, 2).reshape(batch, tokens, d.num_heads * d.head_dim)
+    o = o * torch.sigmoid(gate.reshape(batch, tokens, -1))
+    return F.linear(o, w.o_proj), new_cache

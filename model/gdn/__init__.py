@@ -1,0 +1,43 @@
+"""Gated DeltaNet: the delta-rule path table, the causal conv, the projection layouts and the layer."""
+from .conv import CONV_PATHS, ConvPath, conv_prefill, conv_reference, conv_update, run_conv_path, zero_conv_state
+from .layer import GDNState, GDNWeights, gdn_gating, gdn_layer, select_conv_path, select_rule_path
+from .layout import GDNDims, qwen35_to_qwen3_next, qwen3_next_to_qwen35
+from .rule import (
+    CHUNK_SIZE,
+    GDN_RULE_PATHS,
+    GDNRulePath,
+    gdn_rule_paths_for,
+    l2norm,
+    register_gdn_rule_path,
+    rule_output_dtype,
+    run_gdn_rule,
+    state_dtype,
+)
+
+__all__ = [
+    "CHUNK_SIZE",
+    "CONV_PATHS",
+    "ConvPath",
+    "GDNDims",
+    "GDNRulePath",
+    "GDNState",
+    "GDNWeights",
+    "GDN_RULE_PATHS",
+    "conv_prefill",
+    "conv_reference",
+    "conv_update",
+    "gdn_gating",
+    "gdn_layer",
+    "gdn_rule_paths_for",
+    "l2norm",
+    "qwen35_to_qwen3_next",
+    "qwen3_next_to_qwen35",
+    "register_gdn_rule_path",
+    "rule_output_dtype",
+    "run_conv_path",
+    "run_gdn_rule",
+    "select_conv_path",
+    "select_rule_path",
+    "state_dtype",
+    "zero_conv_state",
+]

@@ -1,0 +1,107 @@
+"""The GDN short convolution: depthwise causal conv1d (no bias) + SiLU, with a carried state.
+
+The conv state of a sequence is its last W-1 *inputs* (pre-activation channels), layout [B, C, W-1] (vLLM's
+older orientation; HF keeps W columns, one of them redundant). A prefill starts from the state of the
+previous chunk (zeros for a fresh sequence) and a decode step shifts one token in.
+
+Calling convention: `fn(x [B, T, C], weight [C, W], conv_state [B, C, W-1]) -> (y [B, T, C], new_state)`,
+y in x's dtype (float32 arithmetic; float64 for float64 input), new_state in conv_state's dtype.
+The input state is never modified.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..norm import compute_dtype
+
+__all__ = [
+    "ConvPath",
+    "CONV_PATHS",
+    "conv_reference",
+    "conv_prefill",
+    "conv_update",
+    "zero_conv_state",
+    "run_conv_path",
+]
+
+
+@dataclass(frozen=True)
+class ConvPath:
+    name: str
+    fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    max_tokens: int | None = None
+    description: str = ""
+
+    def supports(self, num_tokens: int) -> bool:
+        return num_tokens >= 1 and (self.max_tokens is None or num_tokens <= self.max_tokens)
+
+
+def zero_conv_state(batch: int, channels: int, kernel: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    return torch.zeros(batch, channels, kernel - 1, dtype=dtype, device=device)
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor) -> None:
+    if x.dim() != 3:
+        raise ValueError(f"conv input has shape {tuple(x.shape)}; expected [B, T, C]")
+    channels, kernel = weight.shape
+    if x.shape[2] != channels:
+        raise ValueError(f"conv input has {x.shape[2]} channels but the weight has {channels} (weight is [C, W])")
+    expected = (x.shape[0], channels, kernel - 1)
+    if tuple(conv_state.shape) != expected:
+        raise ValueError(
+            f"conv_state has shape {tuple(conv_state.shape)}; expected [B, C, W-1] = {expected} "
+            "(transpose a [B, W-1, C] state, or drop the oldest column of HF's [B, C, W] state)"
+        )
+
+
+def conv_reference(x, weight, conv_state):
+    """The definition: y_t = silu(sum_j w[:, j] * u[t + j]) over u = [state, x], in float64."""
+    _check(x, weight, conv_state)
+    kernel = weight.shape[1]
+    u = torch.cat([conv_state.double(), x.double().transpose(1, 2)], dim=2)  # [B, C, W-1+T]
+    w = weight.double()
+    y = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+    for t in range(x.shape[1]):
+        y[:, t] = (u[:, :, t : t + kernel] * w).sum(-1)
+    return F.silu(y), u[:, :, u.shape[2] - (kernel - 1) :].to(conv_state.dtype)
+
+
+def conv_prefill(x, weight, conv_state):
+    """Any T: one grouped `F.conv1d` over [state, x] with no padding (the state is the left padding)."""
+    _check(x, weight, conv_state)
+    ct = compute_dtype(x.dtype)
+    kernel = weight.shape[1]
+    u = torch.cat([conv_state.to(ct), x.to(ct).transpose(1, 2)], dim=2)
+    y = F.conv1d(u, weight.to(ct).unsqueeze(1), groups=weight.shape[0])  # [B, C, T]
+    new_state = u[:, :, u.shape[2] - (kernel - 1) :].to(conv_state.dtype)
+    return F.silu(y).transpose(1, 2).to(x.dtype), new_state
+
+
+def conv_update(x, weight, conv_state):
+    """T == 1 (decode): shift the token into the window, one multiply-add over W taps."""
+    _check(x, weight, conv_state)
+    ct = compute_dtype(x.dtype)
+    window = torch.cat([conv_state.to(ct), x.to(ct).transpose(1, 2)], dim=2)  # [B, C, W]
+    y = F.silu((window * weight.to(ct)).sum(-1))
+    return y.unsqueeze(1).to(x.dtype), window[:, :, 1:].to(conv_state.dtype)
+
+
+CONV_PATHS: dict[str, ConvPath] = {
+    "reference": ConvPath("reference", conv_reference, description="explicit window sum in float64"),
+    "prefill": ConvPath("prefill", conv_prefill, description="grouped F.conv1d over [state, x]"),
+    "update": ConvPath("update", conv_update, max_tokens=1, description="T == 1 window shift"),
+}
+
+
+def run_conv_path(name: str, x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor):
+    try:
+        path = CONV_PATHS[name]
+    except KeyError:
+        raise KeyError(f"unknown conv path {name!r}; registered: {sorted(CONV_PATHS)}") from None
+    if not path.supports(x.shape[1]):
+        raise ValueError(f"conv path {name!r} does not support T={x.shape[1]} (at most {path.max_tokens})")
+    return path.fn(x, weight, conv_state)

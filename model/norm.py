@@ -1,0 +1,101 @@
+"""The two RMSNorms of Qwen3.5/3.6, each as a reference and a fused path, registered in one table.
+
+- zero-centred RMSNorm (input/post-attention/final norms, attention q_norm/k_norm):
+      y = x_hat * (1 + w),  x_hat = x * rsqrt(mean(x^2) + eps)
+  computed in float32 (float64 for float64 input) and cast back to x's dtype at the end, as HF and
+  vLLM's GemmaRMSNorm do;
+- gated RMSNorm of the GDN output (plain weight, init ones, gated by silu(z)):
+      y = w * x_hat * silu(z)
+  in float32 as vLLM's RMSNormGated does (HF additionally rounds x_hat to x's dtype before `* w`; that
+  rounding is a no-op in float32 and float64, where the cross-checks run).
+
+Paths: `fn(x, weight, eps[, z]) -> y` in x's dtype (the reference returns float64 for float64 input).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "NormPath",
+    "RMS_NORM_PATHS",
+    "GATED_NORM_PATHS",
+    "compute_dtype",
+    "rms_norm_reference",
+    "rms_norm_fused",
+    "gated_rms_norm_reference",
+    "gated_rms_norm_fused",
+]
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64 (the reference precision); every lower precision computes in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@dataclass(frozen=True)
+class NormPath:
+    name: str
+    fn: Callable[..., torch.Tensor]
+    description: str = ""
+
+
+def _check_weight(x: torch.Tensor, weight: torch.Tensor, what: str) -> None:
+    if weight.shape != (x.shape[-1],):
+        raise ValueError(f"{what}: weight has shape {tuple(weight.shape)}; expected ({x.shape[-1]},) = x's last dim")
+
+
+# --- zero-centred RMSNorm --------------------------------------------------------------------------
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x * rsqrt(mean(x^2) + eps) * (1 + w), written out; float64 input gives float64 arithmetic."""
+    _check_weight(x, weight, "rms_norm_reference")
+    ct = compute_dtype(x.dtype)
+    xc = x.to(ct)
+    x_hat = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
+    return (x_hat * (1.0 + weight.to(ct))).to(x.dtype)
+
+
+def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """One `F.rms_norm` call with the (1 + w) weight folded in (the RMSNORM_NATIVE shape)."""
+    _check_weight(x, weight, "rms_norm_fused")
+    ct = compute_dtype(x.dtype)
+    return F.rms_norm(x.to(ct), (x.shape[-1],), 1.0 + weight.to(ct), eps).to(x.dtype)
+
+
+# --- gated RMSNorm (GDN output) ------------------------------------------------------------------
+
+def gated_rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, z: torch.Tensor) -> torch.Tensor:
+    """w * x_hat * silu(z), written out, in float32 (float64 for float64 input)."""
+    _check_weight(x, weight, "gated_rms_norm_reference")
+    if z.shape != x.shape:
+        raise ValueError(f"gated_rms_norm: gate z has shape {tuple(z.shape)}; it must match x {tuple(x.shape)}")
+    ct = compute_dtype(x.dtype)
+    xc = x.to(ct)
+    x_hat = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
+    zc = z.to(ct)
+    return (weight.to(ct) * x_hat * (zc * torch.sigmoid(zc))).to(x.dtype)
+
+
+def gated_rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, z: torch.Tensor) -> torch.Tensor:
+    """`F.rms_norm` with the weight, then an in-place multiply by `F.silu(z)`: two kernels, no x_hat copy."""
+    _check_weight(x, weight, "gated_rms_norm_fused")
+    if z.shape != x.shape:
+        raise ValueError(f"gated_rms_norm: gate z has shape {tuple(z.shape)}; it must match x {tuple(x.shape)}")
+    ct = compute_dtype(x.dtype)
+    y = F.rms_norm(x.to(ct), (x.shape[-1],), weight.to(ct), eps)
+    return y.mul_(F.silu(z.to(ct))).to(x.dtype)
+
+
+# Tests iterate these tables: a path is tested the moment it is registered.
+RMS_NORM_PATHS: dict[str, NormPath] = {
+    "reference": NormPath("reference", rms_norm_reference, "x_hat * (1 + w), written out"),
+    "fused": NormPath("fused", rms_norm_fused, "F.rms_norm with 1 + w"),
+}
+GATED_NORM_PATHS: dict[str, NormPath] = {
+    "reference": NormPath("reference", gated_rms_norm_reference, "w * x_hat * silu(z), written out"),
+    "fused": NormPath("fused", gated_rms_norm_fused, "F.rms_norm then in-place * silu(z)"),
+}

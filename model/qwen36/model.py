@@ -1,0 +1,113 @@
+"""The whole Qwen3.6 / Qwen3-Next text model in pure PyTorch: prefill and decode with per-layer state.
+
+    h = embed(ids)
+    per layer:  h = h + mixer(norm1(h))   (GDN for "linear_attention", gated attention for "full_attention")
+                h = h + mlp(norm2(h))     (the sparse MoE block through model.moe's dispatcher, or a dense MLP)
+    logits = lm_head(final_norm(h))
+State per layer: GDNState (conv window + recurrent state) or KVCache; `Qwen36Cache.length` tokens seen.
+Which registered path each block runs is chosen by `Qwen36Paths`; the default is the serving dispatch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+import torch
+import torch.nn.functional as F
+
+from ..attention import KVCache, gated_attention
+from ..gdn import GDNState, gdn_layer
+from ..moe import MoEConfig, MoEWeights, moe_block
+from ..norm import RMS_NORM_PATHS
+from .weights import DenseMLPWeights, Qwen36Weights
+
+__all__ = ["Qwen36Paths", "Qwen36Cache", "Qwen36Model"]
+
+
+@dataclass(frozen=True)
+class Qwen36Paths:
+    """The path each block runs. None for the GDN paths means the serving choice by token count."""
+
+    moe: MoEConfig = field(default_factory=MoEConfig)
+    router: str = "topk_softmax"
+    gdn_rule: str | None = None
+    gdn_conv: str | None = None
+    attention_core: str = "sdpa"
+    norm: str = "fused"
+
+    @classmethod
+    def reference(cls) -> "Qwen36Paths":
+        """Every block's reference path (float64 inside where the reference is float64)."""
+        return cls(
+            moe=MoEConfig(native=False),
+            router="reference",
+            gdn_rule="recurrent_reference",
+            gdn_conv="reference",
+            attention_core="reference",
+            norm="reference",
+        )
+
+
+@dataclass(frozen=True)
+class Qwen36Cache:
+    layers: tuple[Union[GDNState, KVCache, None], ...]
+    length: int = 0
+
+
+class Qwen36Model:
+    def __init__(self, weights: Qwen36Weights, paths: Qwen36Paths | None = None):
+        self.weights = weights
+        self.config = weights.config
+        self.paths = Qwen36Paths() if paths is None else paths
+
+    def new_cache(self) -> Qwen36Cache:
+        return Qwen36Cache(layers=(None,) * self.config.num_hidden_layers)
+
+    def _mlp(self, h: torch.Tensor, w: Union[MoEWeights, DenseMLPWeights]) -> torch.Tensor:
+        flat = h.reshape(-1, h.shape[-1])
+        if isinstance(w, MoEWeights):
+            out = moe_block(flat, w, self.paths.moe, self.paths.router)
+        else:
+            out = F.linear(F.silu(F.linear(flat, w.gate_proj)) * F.linear(flat, w.up_proj), w.down_proj)
+        return out.reshape(h.shape)
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, cache: Qwen36Cache | None = None) -> tuple[torch.Tensor, Qwen36Cache]:
+        """logits [B, T, vocab] for `input_ids` [B, T] following `cache` (None: a fresh batch of sequences)."""
+        if input_ids.dim() != 2 or input_ids.shape[1] < 1:
+            raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}; expected [batch, tokens >= 1]")
+        cache = self.new_cache() if cache is None else cache
+        rms = RMS_NORM_PATHS[self.paths.norm].fn
+        eps = self.config.rms_norm_eps
+        h = F.embedding(input_ids, self.weights.embed)
+        new_states = []
+        for layer, state in zip(self.weights.layers, cache.layers):
+            x = rms(h, layer.input_norm, eps)
+            if layer.kind == "linear_attention":
+                y, state = gdn_layer(
+                    x, layer.mixer, state, rule=self.paths.gdn_rule, conv=self.paths.gdn_conv, norm=self.paths.norm
+                )
+            else:
+                y, state = gated_attention(x, layer.mixer, state, core=self.paths.attention_core, norm=self.paths.norm)
+            new_states.append(state)
+            h = h + y
+            h = h + self._mlp(rms(h, layer.post_norm, eps), layer.mlp)
+        logits = F.linear(rms(h, self.weights.final_norm, eps), self.weights.lm_head)
+        return logits, Qwen36Cache(layers=tuple(new_states), length=cache.length + input_ids.shape[1])
+
+    __call__ = forward
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, prefill_chunk: int | None = None) -> torch.Tensor:
+        """Greedy tokens [B, max_new_tokens]: prefill (in chunks of `prefill_chunk` if given), then decode steps."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens}: ask for at least one token")
+        cache = self.new_cache()
+        step = prefill_chunk or input_ids.shape[1]
+        for start in range(0, input_ids.shape[1], step):
+            logits, cache = self.forward(input_ids[:, start : start + step], cache)
+        tokens = [logits[:, -1].argmax(-1)]
+        for _ in range(max_new_tokens - 1):
+            logits, cache = self.forward(tokens[-1][:, None], cache)
+            tokens.append(logits[:, -1].argmax(-1))
+        return torch.stack(tokens, dim=1)
