@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 HYPOTHESIS_PROFILE ?= ci
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-numerics clean
+.PHONY: venv test test-numerics bench clean
 
 # Re-install whenever pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -26,6 +26,13 @@ test: venv
 # Only the CPU numerics: the quick loop on a laptop.
 test-numerics: venv
 	$(PY) -m pytest -n auto tests/numerics -m "not gpu" --hypothesis-profile=$(HYPOTHESIS_PROFILE) $(PYTEST_ARGS)
+
+# The README's first command: builds the tiny model, starts the embedded vLLM CPU server, runs decode-micro at
+# concurrency 1, 2, 4 and a small official-like run, prints the metrics table, leaves runs/<time>-quick/ and
+# stops the server. BENCH_ARGS="--base-url http://HOST:PORT" measures a running server instead.
+BENCH_ARGS ?=
+bench: venv
+	$(VENV)/bin/qwen36 bench --preset quick $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

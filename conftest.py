@@ -57,6 +57,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "Without it, server suites start the embedded tiny vLLM CPU server.",
     )
     group.addoption(
+        "--target-name",
+        default=None,
+        help="Name of the server under test for API-conformance snapshots "
+        "(tests/api_conformance/__snapshots__/<name>/). Default: tiny-cpu for the embedded server, "
+        "else derived from --server-url.",
+    )
+    group.addoption(
         "--baseline-profile",
         default=None,
         help="Name of a baseline under fixtures/baselines/ that perf gates compare against.",

@@ -1,0 +1,238 @@
+"""`qwen36 bench`: from a typed config to a run directory.
+
+With no base URL it builds the tiny model, starts the embedded vLLM CPU server, measures, and stops it.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from harness import datasets as ds
+from harness.artifacts import manifest, new_run_dir, write_json, write_records
+from harness.client import ClientConfig
+from harness.errors import HarnessError
+from harness.hardware import HardwareSampler, summarize_samples
+from harness.metrics import REGISTRY, Scoring
+from harness.paths import PATCH_CHAT_TEMPLATE, RUNS_DIR, TINY_MODEL_CHAT_TEMPLATE
+from harness.prometheus import compare_hit_rates, deltas, scrape
+from harness.report import metrics_table, write_plot, write_report
+from harness.runner import Point, PointResult, SweepPolicy, run_points, sweep_stop_reason
+from harness.server import ManagedServer, ServerConfig
+
+DATASETS = ("decode-micro", "official-like", "matrix", "replay")
+
+
+@dataclass(frozen=True)
+class Workload:
+    dataset: str
+    concurrencies: tuple[int, ...]
+    requests: int | None = None  # per point; None: the dataset's default
+    output_tokens: int | None = None
+    input_tokens: tuple[int, ...] = (128,)  # matrix only
+    replay_file: Path | None = None
+
+
+PRESETS: dict[str, tuple[Workload, ...]] = {
+    # `make bench`: decode speed at three concurrencies, then a small agentic multi-turn run.
+    "quick": (Workload("decode-micro", (1, 2, 4), requests=8, output_tokens=128),
+              Workload("official-like", (2,))),
+}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    workloads: tuple[Workload, ...]
+    base_url: str | None = None  # None: start the embedded tiny server
+    model: str | None = None  # None: the first model the server lists
+    api_key: str | None = None
+    tokenizer: Path | None = None  # tokenizer.json (or its directory) used to size official-like prompts
+    seed: int = 0
+    repeats: int = 1
+    sweep: bool = False
+    sweep_policy: SweepPolicy = field(default_factory=SweepPolicy)
+    out_root: Path = RUNS_DIR
+    label: str = "bench"
+    timeout_s: float = 600.0
+    show_progress: bool = True
+    # Embedded server only.
+    tiny_model_dir: Path | None = None  # None: build into <out_root>/tiny-model
+    max_model_len: int = 8192
+    server_log: Path | None = None
+
+
+def list_models(base_url: str, api_key: str | None) -> list[str]:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        r = httpx.get(base_url.rstrip("/") + "/v1/models", headers=headers, timeout=30)
+        r.raise_for_status()
+        return [m["id"] for m in r.json()["data"]]
+    except (httpx.HTTPError, KeyError, ValueError) as exc:
+        raise HarnessError(f"server {base_url}: GET /v1/models failed ({exc}); check --base-url "
+                           "(scheme, host and port, no /v1 suffix) and that the server is up") from exc
+
+
+def _token_counter(cfg: BenchConfig, model_dir: Path | None) -> ds.TokenCounter:
+    path = cfg.tokenizer or (model_dir / "tokenizer.json" if model_dir else None)
+    if path is not None and Path(path).is_dir():
+        path = Path(path) / "tokenizer.json"
+    return ds.tokenizer_counter(Path(path)) if path else ds.approx_token_count
+
+
+def build_points(cfg: BenchConfig, count: ds.TokenCounter) -> list[Point]:
+    points = []
+    for w in cfg.workloads:
+        for c in w.concurrencies:
+            if w.dataset == "decode-micro":
+                d = ds.decode_micro(cfg.seed, requests=w.requests or max(8, 2 * c),
+                                    output_tokens=w.output_tokens or 128)
+                points.append(Point(f"decode-micro@c{c}", d, c, cfg.repeats))
+            elif w.dataset == "official-like":
+                kw = {"max_tokens": w.output_tokens} if w.output_tokens else {}
+                if w.requests:
+                    kw["sessions"] = max(1, -(-w.requests // 4))  # 4 turns per session
+                d = ds.official_like(cfg.seed, count=count, **kw)
+                points.append(Point(f"official-like@c{c}", d, c, cfg.repeats))
+            elif w.dataset == "matrix":
+                for n_in in w.input_tokens:
+                    n_out = w.output_tokens or 128
+                    d = ds.matrix_point(cfg.seed, n_in, n_out, requests=w.requests or 2 * c)
+                    points.append(Point(f"matrix@c{c}-i{n_in}-o{n_out}", d, c, cfg.repeats))
+            elif w.dataset == "replay":
+                if w.replay_file is None:
+                    raise HarnessError("dataset replay needs --replay-file FILE.jsonl")
+                points.append(Point(f"replay@c{c}", ds.replay(w.replay_file), c, cfg.repeats))
+            else:
+                raise HarnessError(f"unknown dataset {w.dataset!r}; choose one of {', '.join(DATASETS)}")
+    return points
+
+
+def median_summary(summaries: list[dict]) -> dict:
+    """The table's view of repeats: each metric's median over repeats (every repeat is in summary.json)."""
+    if len(summaries) == 1:
+        return summaries[0]
+    out = dict(summaries[-1])
+    for name in REGISTRY:
+        vals = [s[name] for s in summaries if s.get(name) is not None]
+        out[name] = statistics.median(vals) if vals else None
+    return out
+
+
+def run_bench(cfg: BenchConfig) -> Path:
+    """Run the workloads; returns the run directory. Prints the metrics table on stdout."""
+    run_dir = new_run_dir(cfg.out_root, cfg.label)
+    server: ManagedServer | None = None
+    model_dir: Path | None = None
+    try:
+        if cfg.base_url is None:
+            from harness.tiny_model import build_tiny_model
+
+            model_dir = cfg.tiny_model_dir or build_tiny_model(Path(cfg.out_root) / "tiny-model")
+            template = PATCH_CHAT_TEMPLATE if PATCH_CHAT_TEMPLATE.exists() else TINY_MODEL_CHAT_TEMPLATE
+            print(f"starting the embedded vLLM CPU server (about a minute); log {run_dir / 'server.log'}",
+                  file=sys.stderr)
+            server = ManagedServer(ServerConfig(str(model_dir), chat_template=template,
+                                                max_model_len=cfg.max_model_len),
+                                   cfg.server_log or run_dir / "server.log").start()
+            base_url = server.base_url
+        else:
+            base_url = cfg.base_url.rstrip("/")
+        model = cfg.model or list_models(base_url, cfg.api_key)[0]
+        points = build_points(cfg, _token_counter(cfg, model_dir))
+        client = ClientConfig(base_url, model, cfg.api_key, timeout_s=cfg.timeout_s,
+                              stall_timeout_s=min(cfg.timeout_s, 120.0))
+        scoring = Scoring.load()
+        scrapes: dict[str, dict] = {}
+        prev: list[dict] = []
+
+        def before(point: Point) -> None:
+            # Before the first repeat's measured phase (later repeats' warm-ups then fall inside the delta).
+            if "before" not in scrapes.setdefault(point.name, {}):
+                scrapes[point.name]["before"] = scrape(base_url)
+
+        def after(res: PointResult) -> str | None:
+            scrapes[res.point.name]["after"] = scrape(base_url)
+            if not cfg.sweep or not res.summaries:
+                return None
+            cur = median_summary(res.summaries)
+            alive = server.proc.poll() is None if server else _reachable(base_url, cfg.api_key)
+            reason = sweep_stop_reason(prev[-1] if prev else None, cur, cfg.sweep_policy, alive)
+            prev.append(cur)
+            return reason
+
+        with HardwareSampler(run_dir / "hardware.jsonl") as sampler:
+            results, end_reason = run_points(client, points, scoring, show_progress=cfg.show_progress,
+                                             before_measure=before, after_point=after)
+        if end_reason == "completed" and cfg.sweep:
+            end_reason = "max_reached"
+
+        write_outputs(run_dir, cfg, base_url, model, server, results, end_reason, scrapes, scoring,
+                      sampler.tool)
+        return run_dir
+    finally:
+        if server is not None:
+            server.stop()
+        if not any(run_dir.iterdir()):
+            run_dir.rmdir()  # failed before anything was written: leave no empty run directory
+
+
+def _reachable(base_url: str, api_key: str | None) -> bool:
+    """Alive = answers HTTP at all (even 4xx); a refused or silent connection means it crashed."""
+    try:
+        httpx.get(base_url + "/v1/models", timeout=30)
+        return True
+    except httpx.TransportError:
+        return False
+
+
+def write_outputs(run_dir: Path, cfg: BenchConfig, base_url: str, model: str, server: ManagedServer | None,
+                  results: list[PointResult], end_reason: str, scrapes: dict, scoring: Scoring,
+                  sampler_tool: str | None) -> None:
+    man = manifest(base_url=base_url, model=model, server_command=server.command_line if server else None,
+                   datasets=[r.point.dataset for r in results], seeds={"dataset": cfg.seed},
+                   extra={"points": [{"name": r.point.name, "concurrency": r.point.concurrency,
+                                      "repeats": r.point.repeats, "dataset": r.point.dataset.name}
+                                     for r in results],
+                          "end_reason": end_reason, "hardware_sampler": sampler_tool})
+    if server is not None:
+        from harness.tiny_model import checkpoint_digest
+
+        man["model_files_sha256"] = checkpoint_digest(Path(server.cfg.model))
+    write_json(run_dir / "manifest.json", man)
+    write_records(run_dir / "requests.jsonl", [rec for r in results for rec in r.records])
+    table_points = [(r.point.name, median_summary(r.summaries)) for r in results if r.summaries]
+    server_view = {}
+    for r in results:
+        s = scrapes.get(r.point.name, {})
+        d = deltas(s.get("before"), s.get("after"))
+        if d is not None and r.summaries:
+            usage_rate = median_summary(r.summaries).get("cache_hit_rate")
+            server_view[r.point.name] = {"deltas": d, "usage_hit_rate": usage_rate,
+                                         "disagreement": compare_hit_rates(d["server_prefix_cache_hit_rate"],
+                                                                           usage_rate)}
+    hardware = summarize_samples(run_dir / "hardware.jsonl")
+    write_json(run_dir / "summary.json", {
+        "end_reason": end_reason,
+        "points": {r.point.name: {"concurrency": r.point.concurrency, "repeats": r.summaries,
+                                  "table": median_summary(r.summaries) if r.summaries else None,
+                                  "interrupted": r.interrupted} for r in results},
+        "server_view": server_view or None,
+        "hardware": hardware,
+    })
+    notes = []
+    if server is not None and server.proc is not None and server.proc.poll() is not None:
+        from harness.server import log_tail
+
+        notes.append(f"the embedded server exited with code {server.proc.returncode} during the run; "
+                     f"last log lines:\n\n```\n{log_tail(server.log_path, 20)}\n```")
+    if end_reason == "interrupted":
+        notes.append("interrupted with Ctrl-C: the figures cover the requests completed before it")
+    write_report(run_dir / "report.md", title=f"Benchmark run {run_dir.name}", manifest=man, points=table_points,
+                 scoring=scoring, end_reason=end_reason, server_view=server_view or None, hardware=hardware,
+                 notes=notes)
+    write_plot(run_dir / "plot.png", [(r.point.name, r.records) for r in results])
+    print(metrics_table(table_points, scoring))
+    print(f"\nrun ended: {end_reason}; run directory: {run_dir}")

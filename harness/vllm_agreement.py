@@ -1,0 +1,105 @@
+"""Cross-check: the same workload measured by vLLM's own benchmark client (`vllm.benchmarks`) and by ours.
+
+Each round sends `pairs` prompts through both clients at the same time (concurrency 2 x pairs), so the two
+requests of a pair share the prompt and the server's state. Why concurrent rather than at concurrency 1:
+on a 2-core CPU server a lone request is often flushed at once at the end (TPOT ~ 0 for both clients, which
+would make the TPOT comparison vacuous); a few concurrent streams are delivered token by token.
+The known differences by definition:
+- TTFT: vLLM starts at the first chunk with `choices`, which is the role-only chunk; ours at the first
+  chunk carrying output. vLLM's is never larger.
+- TPOT: vLLM uses (last chunk with `choices` - TTFT) / (output_tokens - 1); the last chunk with choices is
+  the finish chunk (empty delta), ours is the last output event; both divide by usage.completion_tokens.
+"""
+from __future__ import annotations
+
+import asyncio
+import statistics
+from dataclasses import asdict, dataclass
+
+from harness.client import ClientConfig, make_http_client, stream_request
+from harness.datasets import decode_micro
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Medians. `ours_*`: our definitions; `ours_vdef_*`: our client's raw timestamps under vLLM's
+    definitions (role chunk, finish chunk). Paired = per pair (ours - vLLM's), a pair being the same prompt
+    sent by both clients at the same time."""
+    requests: int
+    output_tokens: int
+    pairs_per_round: int
+    ours_ttft_median_s: float
+    ours_vdef_ttft_median_s: float
+    vllm_ttft_median_s: float
+    ours_tpot_median_s: float
+    ours_vdef_tpot_median_s: float
+    vllm_tpot_median_s: float
+    paired_ttft_diff_median_s: float
+    paired_tpot_diff_median_s: float
+    paired_vdef_ttft_diff_median_s: float  # same definition both sides: measures the clients, not definitions
+    paired_vdef_tpot_diff_median_s: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+async def _measure(base_url: str, model: str, requests: int, output_tokens: int, pairs: int) -> Agreement:
+    import aiohttp
+    from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_chat_completions
+
+    data = decode_micro(seed=1, requests=requests, output_tokens=output_tokens, warmup=0)
+    cfg = ClientConfig(base_url, model, timeout_s=120)
+    ours_ttft, ours_tpot, ours_vttft, ours_vtpot, vllm_ttft, vllm_tpot = [], [], [], [], [], []
+
+    async def ours(http, i, body):
+        rec = await stream_request(http, cfg, body, f"ours-{i}")
+        if not rec.ok:
+            raise RuntimeError(f"our request {i} failed: {rec.failure} {rec.error}")
+        vttft = (rec.t_first_chunk_ns - rec.t0_ns) / 1e9
+        vtpot = (rec.t_last_chunk_ns - rec.t_first_chunk_ns) / 1e9 / (rec.completion_tokens - 1)
+        return rec.ttft_s, rec.tpot_s, vttft, vtpot
+
+    async def theirs(session, i, body):
+        inp = RequestFuncInput(
+            prompt=body["messages"][0]["content"], api_url=base_url + "/v1/chat/completions", prompt_len=0,
+            output_len=output_tokens, model=model, ignore_eos=True,
+            extra_body={"min_tokens": output_tokens, "temperature": 0}, chat_messages=body["messages"])
+        out = await async_request_openai_chat_completions(inp, session)
+        if not out.success:
+            raise RuntimeError(f"vLLM's request {i} failed: {out.error}")
+        return out.ttft, (out.latency - out.ttft) / (out.output_tokens - 1)  # as vllm.benchmarks.serve
+
+    async with make_http_client(cfg) as http, aiohttp.ClientSession() as session:
+        for start in range(0, requests, pairs):
+            batch = list(enumerate(data.items))[start:start + pairs]
+            mine = [ours(http, i, it.body) for i, it in batch]
+            other = [theirs(session, i, it.body) for i, it in batch]
+            # Alternate which client sends first: the server schedules in arrival order, and the first
+            # request of a round may be prefilled alone, a step ahead of the rest.
+            if (start // pairs) % 2:
+                res = await asyncio.gather(*other, *mine)
+                results = res[len(batch):] + res[:len(batch)]
+            else:
+                results = await asyncio.gather(*mine, *other)
+            for t, p, vt, vp in results[:len(batch)]:
+                ours_ttft.append(t)
+                ours_tpot.append(p)
+                ours_vttft.append(vt)
+                ours_vtpot.append(vp)
+            for t, p in results[len(batch):]:
+                vllm_ttft.append(t)
+                vllm_tpot.append(p)
+    med = statistics.median
+
+    def diff(xs, ys):
+        return med([a - b for a, b in zip(xs, ys)])
+
+    return Agreement(
+        requests, output_tokens, pairs, med(ours_ttft), med(ours_vttft), med(vllm_ttft), med(ours_tpot),
+        med(ours_vtpot), med(vllm_tpot), diff(ours_ttft, vllm_ttft), diff(ours_tpot, vllm_tpot),
+        diff(ours_vttft, vllm_ttft), diff(ours_vtpot, vllm_tpot))
+
+
+def compare_with_vllm_bench(base_url: str, model: str, requests: int = 16, output_tokens: int = 64,
+                            pairs: int = 2) -> Agreement:
+    return asyncio.run(_measure(base_url.rstrip("/"), model, requests, output_tokens, pairs))

