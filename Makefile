@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 HYPOTHESIS_PROFILE ?= ci
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-numerics bench clean
+.PHONY: venv test test-numerics bench presubmit clean
 
 # Re-install whenever pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -21,7 +21,9 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 test: venv
-	$(PY) -m pytest -n auto --hypothesis-profile=$(HYPOTHESIS_PROFILE) $(PYTEST_ARGS)
+	$(PY) -m pytest -n auto --hypothesis-profile=$(HYPOTHESIS_PROFILE) --ignore=tests/perf_gates $(PYTEST_ARGS)
+	# The perf gates measure speed: they run alone, after the parallel suite, so other tests do not skew them.
+	$(PY) -m pytest tests/perf_gates $(PYTEST_ARGS)
 
 # Only the CPU numerics: the quick loop on a laptop.
 test-numerics: venv
@@ -33,6 +35,12 @@ test-numerics: venv
 BENCH_ARGS ?=
 bench: venv
 	$(VENV)/bin/qwen36 bench --preset quick $(BENCH_ARGS)
+
+# Go/no-go before pushing the platform image: static checks of Dockerfile, computility-run.yaml, template,
+# plugin and line endings, then the CPU suites. PRESUBMIT_ARGS=--skip-suites for the static checks only.
+PRESUBMIT_ARGS ?=
+presubmit: venv
+	$(VENV)/bin/qwen36 presubmit $(PRESUBMIT_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

@@ -68,6 +68,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="Name of a baseline under fixtures/baselines/ that perf gates compare against.",
     )
+    group.addoption(
+        "--accept-difference",
+        default=[],
+        type=lambda text: [x.strip() for x in text.split(",") if x.strip()],
+        help="Perf gates: identity fields allowed to differ from the baseline (datasets, model, "
+        "model_files_sha256, server_args), comma-separated; the gate report lists them.",
+    )
 
 
 def cuda_unavailable_reason() -> str | None:

@@ -40,6 +40,10 @@ PRESETS: dict[str, tuple[Workload, ...]] = {
     # `make bench`: decode speed at three concurrencies, then a small agentic multi-turn run.
     "quick": (Workload("decode-micro", (1, 2, 4), requests=8, output_tokens=128),
               Workload("official-like", (2,))),
+    # The perf gate's workload (`cpu-tiny` profile): decode speed and agentic prefix reuse, small enough to
+    # repeat five times on two cores.
+    "gate": (Workload("decode-micro", (2,), requests=8, output_tokens=64),
+             Workload("official-like", (2,), requests=8)),
 }
 
 
@@ -58,6 +62,10 @@ class BenchConfig:
     label: str = "bench"
     timeout_s: float = 600.0
     show_progress: bool = True
+    # A server started elsewhere (base_url given): what it runs, for the manifest, so that runs against it
+    # are comparable with runs that started the embedded server themselves.
+    server_command: str | None = None
+    model_dir: Path | None = None  # its model directory: sizes prompts with its tokenizer, hashes its files
     # Embedded server only.
     tiny_model_dir: Path | None = None  # None: build into <out_root>/tiny-model
     max_model_len: int = 8192
@@ -140,6 +148,7 @@ def run_bench(cfg: BenchConfig) -> Path:
             base_url = server.base_url
         else:
             base_url = cfg.base_url.rstrip("/")
+            model_dir = cfg.model_dir
         model = cfg.model or list_models(base_url, cfg.api_key)[0]
         points = build_points(cfg, _token_counter(cfg, model_dir))
         client = ClientConfig(base_url, model, cfg.api_key, timeout_s=cfg.timeout_s,
@@ -169,7 +178,7 @@ def run_bench(cfg: BenchConfig) -> Path:
         if end_reason == "completed" and cfg.sweep:
             end_reason = "max_reached"
 
-        write_outputs(run_dir, cfg, base_url, model, server, results, end_reason, scrapes, scoring,
+        write_outputs(run_dir, cfg, base_url, model, server, model_dir, results, end_reason, scrapes, scoring,
                       sampler.tool)
         return run_dir
     finally:
@@ -189,18 +198,19 @@ def _reachable(base_url: str, api_key: str | None) -> bool:
 
 
 def write_outputs(run_dir: Path, cfg: BenchConfig, base_url: str, model: str, server: ManagedServer | None,
-                  results: list[PointResult], end_reason: str, scrapes: dict, scoring: Scoring,
-                  sampler_tool: str | None) -> None:
-    man = manifest(base_url=base_url, model=model, server_command=server.command_line if server else None,
+                  model_dir: Path | None, results: list[PointResult], end_reason: str, scrapes: dict,
+                  scoring: Scoring, sampler_tool: str | None) -> None:
+    man = manifest(base_url=base_url, model=model,
+                   server_command=server.command_line if server else cfg.server_command,
                    datasets=[r.point.dataset for r in results], seeds={"dataset": cfg.seed},
                    extra={"points": [{"name": r.point.name, "concurrency": r.point.concurrency,
                                       "repeats": r.point.repeats, "dataset": r.point.dataset.name}
                                      for r in results],
                           "end_reason": end_reason, "hardware_sampler": sampler_tool})
-    if server is not None:
+    if model_dir is not None:
         from harness.tiny_model import checkpoint_digest
 
-        man["model_files_sha256"] = checkpoint_digest(Path(server.cfg.model))
+        man["model_files_sha256"] = checkpoint_digest(Path(model_dir))
     write_json(run_dir / "manifest.json", man)
     write_records(run_dir / "requests.jsonl", [rec for r in results for rec in r.records])
     table_points = [(r.point.name, median_summary(r.summaries)) for r in results if r.summaries]

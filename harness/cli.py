@@ -65,7 +65,52 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", type=Path, default=None, help="runs root (default: runs/ in the checkout)")
     b.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
     b.add_argument("--no-progress", action="store_true")
+
+    from harness.gates.commands import add_parsers as add_gate_parsers
+
+    add_gate_parsers(sub)  # baseline record, gate, compare: each sets its own `handler`
+
+    # patch set and presubmit (harness/presubmit, patches/)
+    pt = sub.add_parser("patches", help="the vLLM patch plugin")
+    pt_sub = pt.add_subparsers(dest="patches_cmd", required=True)
+    ps = pt_sub.add_parser("status", help="the patch table for the installed vLLM (starts no server)")
+    ps.add_argument("--run-config", type=Path, default=None,
+                    help="evaluate with this run config's environment (e.g. computility-run.yaml)")
+    ps.add_argument("--require", action="store_true", help="exit 1 unless every required patch is applied")
+    pre = sub.add_parser("presubmit", help="go/no-go before pushing the platform image")
+    pre.add_argument("--root", type=Path, default=None, help="checkout to check (default: this one)")
+    pre.add_argument("--skip-suites", action="store_true", help="static checks only (no pytest run)")
+    pre.add_argument("--server-url", default=None, help="run API conformance against this server")
     return p
+
+
+def _cmd_patches(a) -> int:
+    import os
+
+    from patches.registry import apply_patches, format_table, missing_required
+    from patches.settings import PatchSettings
+
+    env = dict(os.environ)
+    if a.run_config:
+        from harness.presubmit.runconfig import load_run_config
+
+        env.update(load_run_config(a.run_config).env)
+    try:
+        settings = PatchSettings.from_env(env)
+    except ValueError as exc:
+        raise HarnessError(str(exc)) from None
+    statuses = apply_patches(settings)
+    print(format_table(statuses))
+    return 1 if a.require and missing_required(statuses) else 0
+
+
+def _cmd_presubmit(a) -> int:
+    from harness.paths import REPO_ROOT
+    from harness.presubmit import format_verdict, run_presubmit
+
+    verdict = run_presubmit(a.root or REPO_ROOT, skip_suites=a.skip_suites, server_url=a.server_url)
+    print(format_verdict(verdict))
+    return 0 if verdict.go else 1
 
 
 def _cmd_tiny_model(a) -> int:
@@ -128,9 +173,11 @@ def _cmd_bench(a) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"tiny-model": _cmd_tiny_model, "serve": _cmd_serve, "bench": _cmd_bench}
+    handlers = {"tiny-model": _cmd_tiny_model, "serve": _cmd_serve, "bench": _cmd_bench,
+                "patches": _cmd_patches, "presubmit": _cmd_presubmit}
     try:
-        return handlers[args.cmd](args)
+        handler = getattr(args, "handler", None) or handlers[args.cmd]
+        return handler(args)
     except HarnessError as exc:
         first, _, rest = str(exc).partition("\n")
         print(f"qwen36 {args.cmd}: error: {first}", file=sys.stderr)

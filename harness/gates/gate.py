@@ -1,0 +1,208 @@
+"""Gate candidate runs against a baseline: one decision per (point, gated metric), and a report.
+
+Candidate repeats are every repeat of the point in every run directory given. Runs whose identity differs
+from the baseline's are refused with the difference named, unless the difference is accepted by name (and
+then the report lists it).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from harness.errors import HarnessError
+from harness.gates.baseline import Baseline
+from harness.gates.decision import Decision, Tolerance, decide
+from harness.gates.identity import identity_differences, identity_from_manifest
+from harness.metrics import REGISTRY, Scoring
+
+
+# The gate's false-alarm budget on identical distributions, shared by all its checks.
+FAMILY_ALPHA = 0.05
+
+
+class NotComparable(HarnessError):
+    """The candidate runs differ from the baseline in what was measured."""
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+    manifest: dict
+    points: dict[str, list[dict]]  # point name -> per-repeat summaries
+
+
+def load_run(path: Path | str) -> RunDir:
+    path = Path(path)
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+        summary = json.loads((path / "summary.json").read_text())
+    except FileNotFoundError as e:
+        raise HarnessError(f"{path} is not a run directory: {Path(e.filename).name} is missing "
+                           "(run `qwen36 bench` to make one)") from e
+    except json.JSONDecodeError as e:
+        raise HarnessError(f"{path}: a JSON file is malformed ({e.msg}); the run may have been cut short") from e
+    points = {name: list(p.get("repeats") or []) for name, p in (summary.get("points") or {}).items()}
+    return RunDir(path, manifest, points)
+
+
+@dataclass
+class GateRow:
+    point: str
+    metric: str
+    unit: str
+    direction: str
+    tolerance: Tolerance
+    decision: Decision
+    target: str | None  # e.g. ">= 20"
+    target_met: bool | None
+
+    def as_dict(self) -> dict:
+        return {"point": self.point, "metric": self.metric, "unit": self.unit, "direction": self.direction,
+                "tolerance": asdict(self.tolerance), "decision": asdict(self.decision),
+                "target": self.target, "target_met": self.target_met}
+
+
+@dataclass
+class GateReport:
+    profile: str
+    runs: list[str]
+    rows: list[GateRow]
+    accepted_differences: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    family_alpha: float = FAMILY_ALPHA
+
+    @property
+    def regressions(self) -> list[GateRow]:
+        return [r for r in self.rows if r.decision.verdict == "regression"]
+
+    @property
+    def passed(self) -> bool:
+        return not self.regressions
+
+    def as_dict(self) -> dict:
+        return {"profile": self.profile, "runs": self.runs, "passed": self.passed, "family_alpha": self.family_alpha,
+                "accepted_differences": self.accepted_differences, "notes": self.notes,
+                "rows": [r.as_dict() for r in self.rows]}
+
+
+def _pair_points(baseline: Baseline, candidate: dict[str, list[dict]], point_map: dict[str, str]) -> tuple[list, list]:
+    pairs, notes = [], []
+    if point_map:
+        for base_name, cand_name in point_map.items():
+            if base_name not in baseline.points or cand_name not in candidate:
+                raise HarnessError(f"--point {base_name}={cand_name}: baseline points {sorted(baseline.points)}, "
+                                   f"candidate points {sorted(candidate)}")
+            pairs.append((base_name, cand_name))
+        return pairs, notes
+    shared = [name for name in baseline.points if name in candidate]
+    if shared:
+        pairs = [(n, n) for n in shared]
+    elif len(baseline.points) == 1 and len(candidate) == 1:
+        (b,), (c,) = baseline.points, candidate
+        pairs = [(b, c)]
+        notes.append(f"point names differ; the only baseline point {b!r} is compared with the only candidate point {c!r}")
+    else:
+        raise HarnessError(f"no candidate point matches the baseline's {sorted(baseline.points)} (candidate has "
+                           f"{sorted(candidate)}); pair them with --point BASELINE=CANDIDATE")
+    for name in baseline.points:
+        if name not in {b for b, _ in pairs}:
+            notes.append(f"baseline point {name!r} has no candidate: not gated")
+    return pairs, notes
+
+
+def gate(
+    baseline: Baseline,
+    runs: Iterable[RunDir],
+    scoring: Scoring,
+    accept: Iterable[str] = (),
+    point_map: dict[str, str] | None = None,
+    family_alpha: float = FAMILY_ALPHA,
+) -> GateReport:
+    """Decide every (point, gated metric) pair. The false-alarm budget `family_alpha` is for the whole gate:
+    each of the k checks tests at family_alpha / k (Bonferroni), so a gate of five metrics does not cry wolf
+    five times as often as one."""
+    runs = list(runs)
+    if not runs:
+        raise HarnessError("gate needs at least one run directory")
+    accept = list(accept)
+    accepted: list[str] = []
+    for run in runs:
+        actual = identity_from_manifest(run.manifest)
+        diffs = identity_differences(baseline.identity, actual, accept=())
+        refused = identity_differences(baseline.identity, actual, accept=accept)
+        if refused:
+            raise NotComparable(
+                f"{run.path} is not comparable with baseline {baseline.profile!r}: " + "; ".join(refused)
+                + ". Measure the same setup, or accept a named difference with --accept-difference FIELD"
+            )
+        accepted += [d for d in diffs if d not in accepted]
+    candidate: dict[str, list[dict]] = {}
+    for run in runs:
+        for name, repeats in run.points.items():
+            candidate.setdefault(name, []).extend(repeats)
+    pairs, notes = _pair_points(baseline, candidate, point_map or {})
+    if baseline.imported:
+        notes.append(f"baseline {baseline.profile!r} is imported ({baseline.recorded.get('note', 'single runs')}); "
+                     "verdicts against it are conservative")
+    rows = []
+    alpha = family_alpha / max(1, len(pairs) * len(baseline.tolerances))
+    for base_name, cand_name in pairs:
+        for metric, tolerance in baseline.tolerances.items():
+            spec = REGISTRY[metric]
+            base_values = baseline.values(base_name, metric)
+            cand_values = [r[metric] for r in candidate[cand_name] if r.get(metric) is not None]
+            if not base_values or not cand_values:
+                side = "baseline" if not base_values else "candidate"
+                notes.append(f"{cand_name} {metric}: the {side} has no value; not gated")
+                continue
+            decision = decide(base_values, cand_values, spec.direction, tolerance, alpha=alpha)
+            target = scoring.targets.get(metric)
+            rows.append(GateRow(
+                point=cand_name, metric=metric, unit=spec.unit, direction=spec.direction, tolerance=tolerance,
+                decision=decision, target=f"{target.op} {target.value:g}" if target else None,
+                target_met=target.met(decision.candidate) if target else None,
+            ))
+    return GateReport(baseline.profile, [str(r.path) for r in runs], rows, accepted, notes, family_alpha)
+
+
+def _fmt(value: float, unit: str) -> str:
+    if unit == "ratio":
+        return f"{value:.2%}"
+    return f"{value:.3g} {unit}" if abs(value) < 1000 else f"{value:,.1f} {unit}"
+
+
+def report_markdown(report: GateReport) -> str:
+    lines = [f"# Perf gate: baseline `{report.profile}`", "",
+             f"Verdict: **{'PASS' if report.passed else 'REGRESSION'}** "
+             f"({len(report.regressions)} regression(s) in {len(report.rows)} checks)", "",
+             "| point | metric | baseline | candidate | change | tolerance | n (base/cand) | verdict | platform target |",
+             "|---|---|---:|---:|---:|---:|---|---|---|"]
+    for r in report.rows:
+        d = r.decision
+        change = f"{d.change:+.1%}" if r.tolerance.scale == "relative" else f"{d.change:+.3g}"
+        verdict = d.verdict + (" (underpowered)" if d.underpowered and d.verdict == "pass" else "")
+        target = "" if r.target is None else f"{r.target}: {'met' if r.target_met else 'not met'}"
+        lines.append(f"| {r.point} | {r.metric} | {_fmt(d.baseline, r.unit)} | {_fmt(d.candidate, r.unit)} | "
+                     f"{change} | {r.tolerance.describe()} | {d.n_baseline}/{d.n_candidate} | {verdict} | {target} |")
+    notes = report.notes + [f"accepted difference: {d}" for d in report.accepted_differences]
+    by_note: dict[str, list[str]] = {}
+    for r in report.rows:
+        if r.decision.note and r.metric not in by_note.setdefault(r.decision.note, []):
+            by_note[r.decision.note].append(r.metric)
+    notes += [f"{', '.join(metrics)}: {note}" for note, metrics in by_note.items()]
+    if notes:
+        lines += ["", "Notes:"] + [f"- {n}" for n in notes]
+    lines += ["", f"Rule: a regression is a worsening that is both significant (one-sided Welch t-test at "
+              f"{report.family_alpha:g} / {max(1, len(report.rows))} checks, Bonferroni) and beyond the tolerance; "
+              "`underpowered` means the repeats cannot rule out a regression of the tolerance's size."]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: GateReport, directory: Path) -> tuple[Path, Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    md, js = directory / "gate.md", directory / "gate.json"
+    md.write_text(report_markdown(report))
+    js.write_text(json.dumps(report.as_dict(), indent=2, sort_keys=True) + "\n")
+    return md, js

@@ -1,0 +1,73 @@
+"""`qwen36 baseline record`: measure a profile's workload N times and write it as a baseline file."""
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from pathlib import Path
+
+from harness.bench import PRESETS, BenchConfig, run_bench
+from harness.errors import HarnessError
+from harness.gates.baseline import BASELINES_DIR, Baseline, load_policy, save_baseline, tolerances_for
+from harness.gates.gate import load_run
+from harness.gates.identity import identity_from_manifest
+
+
+def baseline_from_runs(profile: str, run_dirs: list[Path], preset: str, how: str,
+                       hardware: str | None = None, skip_first: int = 0) -> Baseline:
+    """A measured baseline from run directories (their repeats pooled per point; identities must agree),
+    leaving out the first `skip_first` repeats of each point in each run."""
+    runs = [load_run(d) for d in run_dirs]
+    run = runs[0]
+    for other in runs[1:]:
+        if identity_from_manifest(other.manifest) != identity_from_manifest(run.manifest):
+            raise HarnessError(f"{other.path} and {run.path} measured different setups: record them separately")
+    policy = load_policy()
+    gated: dict[str, list[dict]] = {}
+    for r in runs:
+        for name, reps in r.points.items():
+            gated.setdefault(name, []).extend({m: rep.get(m) for m in policy} for rep in reps[skip_first:])
+    if not any(gated.values()):
+        raise HarnessError(f"{', '.join(map(str, run_dirs))}: no completed repeat, nothing to record")
+    tolerances, noise = tolerances_for(gated, policy)
+    identity = identity_from_manifest(run.manifest)
+    identity["hardware"] = hardware or _describe_host(run.manifest.get("host") or {})
+    identity["workload"] = {"preset": preset}
+    harness = run.manifest.get("harness") or {}
+    recorded = {
+        "source": "measured",
+        "how": how,
+        "when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": harness.get("commit"),
+        "dirty": harness.get("dirty"),
+        "runs": [str(d) for d in run_dirs],
+        "server_version": (run.manifest.get("server") or {}).get("version"),
+    }
+    return Baseline(profile, identity, recorded, tolerances, gated, noise)
+
+
+def _describe_host(host: dict) -> str:
+    return f"{host.get('machine', '?')}, {host.get('cpus', '?')} CPUs, {host.get('platform', '?')}"
+
+
+def record_baseline(profile: str, repeats: int, preset: str = "gate", base_url: str | None = None,
+                    update: bool = False, out_root: Path | None = None, root: Path = BASELINES_DIR,
+                    hardware: str | None = None) -> tuple[Baseline, str]:
+    if repeats < 2:
+        raise HarnessError(f"--repeats {repeats}: a baseline needs at least 2 repeats to know its noise (5 advised)")
+    if preset not in PRESETS:
+        raise HarnessError(f"--preset {preset!r}: choose one of {', '.join(PRESETS)}")
+    path = root / f"{profile}.yaml"
+    if path.exists() and not update:
+        raise HarnessError(f"{path} exists; pass --update to replace it (the diff is printed)")
+    # One extra repeat first, measured and kept in the run directory but not in the baseline: it meets a cold
+    # prefix cache (official-like reuses its own prefixes across repeats), the rest measure the steady state.
+    cfg = BenchConfig(workloads=PRESETS[preset], base_url=base_url, repeats=repeats + 1, label=f"baseline-{profile}",
+                      **({"out_root": out_root} if out_root else {}))
+    run_dir = run_bench(cfg)
+    how = f"qwen36 baseline record --profile {profile} --repeats {repeats} --preset {preset}" + (
+        f" --base-url {base_url}" if base_url else "")
+    baseline = baseline_from_runs(profile, [run_dir], preset, how, hardware, skip_first=1)
+    baseline.recorded["note"] = "the first repeat of each point warmed the server and is not in the baseline"
+    diff = save_baseline(baseline, root, update=update)
+    print(f"baseline {profile!r} written to {path} from {run_dir}", file=sys.stderr)
+    return baseline, diff

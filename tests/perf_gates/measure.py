@@ -1,0 +1,19 @@
+"""Run the perf gate's workload against a server and return the run directory."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.bench import PRESETS, BenchConfig, run_bench
+from harness.shared_server import ServerInfo
+
+
+def measure(server: ServerInfo, out_root: Path, label: str, repeats: int = 1, base_url: str | None = None,
+            preset: str = "gate") -> Path:
+    """`base_url` overrides the server's URL (a proxy in front of it); the manifest still describes the
+    server itself, so the run stays comparable."""
+    cfg = BenchConfig(
+        workloads=PRESETS[preset], base_url=base_url or server.base_url, model=server.model, repeats=repeats,
+        out_root=out_root, label=label, show_progress=False, server_command=server.command,
+        model_dir=Path(server.model_dir) if server.model_dir else None,
+    )
+    return run_bench(cfg)

@@ -1,0 +1,44 @@
+"""Perf gates against a live server (the BI-V100 deployment): one test per gated metric.
+
+    pytest tests/perf_gates -m gpu --server-url http://HOST:PORT --baseline-profile bi-v100-tp4-245k
+
+The profile's workload preset is run `--gate-repeats` times (default 3) against the server; each gated metric
+is one test, failing on a regression. The report (gate.md, gate.json) lands in the run directory.
+"""
+from __future__ import annotations
+
+import pytest
+
+from harness.bench import PRESETS, BenchConfig, run_bench
+from harness.gates.baseline import load_baseline, load_policy
+from harness.gates.gate import gate, load_run, report_markdown, write_report
+from harness.metrics import Scoring
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def live_report(pytestconfig, tmp_path_factory):
+    url, profile = pytestconfig.getoption("--server-url"), pytestconfig.getoption("--baseline-profile")
+    if not url or not profile:
+        pytest.skip("live perf gates need --server-url URL and --baseline-profile NAME")
+    baseline = load_baseline(profile)
+    preset = (baseline.identity.get("workload") or {}).get("preset", "gate")
+    if preset not in PRESETS:
+        pytest.fail(f"baseline {profile!r} names workload preset {preset!r}, which harness.bench does not have")
+    run = run_bench(BenchConfig(workloads=PRESETS[preset], base_url=url, repeats=3,
+                                out_root=tmp_path_factory.mktemp("live"), label=f"gate-{profile}",
+                                show_progress=False))
+    report = gate(baseline, [load_run(run)], Scoring.load(), accept=pytestconfig.getoption("--accept-difference"))
+    write_report(report, run)
+    print(report_markdown(report))
+    return report
+
+
+@pytest.mark.parametrize("metric", sorted(load_policy()))
+def test_live_server_does_not_regress(live_report, metric):
+    rows = [r for r in live_report.rows if r.metric == metric]
+    if not rows:
+        pytest.skip(f"baseline {live_report.profile!r} has no {metric}")
+    bad = [r for r in rows if r.decision.verdict == "regression"]
+    assert not bad, report_markdown(live_report)
