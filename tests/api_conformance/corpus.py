@@ -1,0 +1,96 @@
+"""The request corpus, fixtures/api/requests.yaml, as named `RequestCase`s (the tool_choice matrix
+expanded, the served model filled in at send time)."""
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import yaml
+
+from harness.paths import FIXTURES
+
+REQUESTS_FILE = FIXTURES / "api" / "requests.yaml"
+DEFAULT_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class RequestCase:
+    name: str
+    family: str
+    endpoint: str = "chat"
+    body: dict | None = None
+    raw: str | None = None
+    expect: dict = field(default_factory=dict)
+    deviation: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    greedy_pair: str | None = None
+    same_prompt_as: str | None = None
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body and self.body.get("stream"))
+
+    def request_body(self, model: str) -> dict | None:
+        if self.body is None:
+            return None
+        body = copy.deepcopy(self.body)
+        body.setdefault("model", model)
+        return body
+
+
+@lru_cache(maxsize=1)
+def _raw() -> dict[str, Any]:
+    return yaml.safe_load(REQUESTS_FILE.read_text())
+
+
+def _tool_choice_cases(spec: dict) -> list[RequestCase]:
+    cases = []
+    for choice, c in spec["choices"].items():
+        for stream in (False, True):
+            for thinking in (True, False):
+                body = copy.deepcopy(spec["body"])
+                body["tool_choice"] = c["tool_choice"]
+                body["chat_template_kwargs"] = {"enable_thinking": thinking}
+                if stream:
+                    body["stream"] = True
+                    body["stream_options"] = {"include_usage": True}
+                name = f"chat_tool_choice_{choice}_{'stream' if stream else 'nonstream'}_thinking_{'on' if thinking else 'off'}"
+                pair = None if stream else name.replace("_nonstream_", "_stream_")
+                cases.append(RequestCase(
+                    name=name, family=spec["family"], body=body, expect={"status": 200, **c["expect"]},
+                    deviation=c.get("deviation_when_thinking") if thinking else None, greedy_pair=pair,
+                ))
+    return cases
+
+
+@lru_cache(maxsize=1)
+def request_cases() -> tuple[RequestCase, ...]:
+    raw = _raw()
+    cases = [RequestCase(name=name, **spec) for name, spec in raw["cases"].items()]
+    cases += _tool_choice_cases(raw["tool_choice_matrix"])
+    names = [c.name for c in cases]
+    assert len(names) == len(set(names)), "duplicate case names in the request corpus"
+    return tuple(cases)
+
+
+def case(name: str) -> RequestCase:
+    return next(c for c in request_cases() if c.name == name)
+
+
+def corpus_tools() -> list[dict]:
+    return _raw()["tools"]
+
+
+def cached_prefix_body(model: str) -> dict:
+    """The cached-prefix request: a long system prompt of seeded words (not shared with any other case)."""
+    spec = _raw()["cached_prefix"]
+    rng = random.Random("cached_prefix")
+    words = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud".split()
+    system = " ".join(rng.choice(words) for _ in range(spec["prefix_words"]))
+    body = copy.deepcopy(spec["body"])
+    body["messages"] = [{"role": "system", "content": system}, *body["messages"]]
+    body["model"] = model
+    return body
