@@ -21,9 +21,10 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 test: venv
-	$(PY) -m pytest -n auto --hypothesis-profile=$(HYPOTHESIS_PROFILE) --ignore=tests/perf_gates $(PYTEST_ARGS)
-	# The perf gates measure speed: they run alone, after the parallel suite, so other tests do not skew them.
-	$(PY) -m pytest tests/perf_gates $(PYTEST_ARGS)
+	$(PY) -m pytest -n auto --hypothesis-profile=$(HYPOTHESIS_PROFILE) -m "not timing" $(PYTEST_ARGS)
+	# Tests that measure wall-clock time (client calibration, agreement with vLLM's client, perf gates) run
+	# alone, after the parallel suite, so the other tests' load cannot skew them.
+	$(PY) -m pytest --hypothesis-profile=$(HYPOTHESIS_PROFILE) -m timing $(PYTEST_ARGS)
 
 # Only the CPU numerics: the quick loop on a laptop.
 test-numerics: venv

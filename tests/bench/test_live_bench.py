@@ -9,7 +9,7 @@ import pytest
 from harness.bench import BenchConfig, Workload, run_bench
 from harness.client import ClientConfig, make_http_client, stream_request
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.timing]  # timing: runs alone, after the parallel suite
 
 
 def test_real_server_streams_output_and_reports_usage_with_cached_tokens(openai_server):

@@ -14,7 +14,7 @@ from harness.gates.baseline import load_baseline, load_policy
 from harness.gates.gate import gate, load_run, report_markdown, write_report
 from harness.metrics import Scoring
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.timing]
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,9 @@ from harness.client import ClientConfig, make_http_client, stream_request
 from harness.metrics import Scoring, summarize
 from tests.unit.synthetic_server import Scenario, SyntheticServer, chunk, normal_stream, usage
 
+# Wall-clock assertions: `make test` runs this module alone, after the parallel suite.
+pytestmark = pytest.mark.timing
+
 TOL_S = 0.002
 LOADED_TOL_S = 0.010  # one reading on a loaded 2-core machine
 

@@ -1,0 +1,37 @@
+"""The CPU suites, run by pytest in a subprocess so their result is exactly what `make test` would say."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+from .checks import CheckResult, Context
+
+# tests/patches holds the plugin's unit tests and its on/off equivalence on the tiny server.
+OFFLINE_SUITES = ("tests/unit", "tests/numerics", "tests/patches")
+SERVER_SUITES = ("tests/api_conformance",)
+
+
+def server_available(ctx: Context) -> tuple[bool, str]:
+    if ctx.server_url:
+        return True, f"--server-url {ctx.server_url}"
+    if importlib.util.find_spec("vllm") is not None:
+        return True, "the embedded tiny vLLM CPU server"
+    return False, "no vLLM installed and no --server-url"
+
+
+def check_suites(ctx: Context, workers: str = "auto") -> CheckResult:
+    ok, server = server_available(ctx)
+    suites = [s for s in OFFLINE_SUITES + (SERVER_SUITES if ok else ()) if (ctx.root / s).exists()]
+    marker = "not gpu" if ok else "not gpu and not server"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-n", workers, "-m", marker, "-p", "no:cacheprovider", *suites]
+    if ctx.server_url:
+        cmd += ["--server-url", ctx.server_url]
+    proc = subprocess.run(cmd, cwd=ctx.root, capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.strip().splitlines() if ln.strip()]
+    summary = lines[-1].strip("= ") if lines else "(no pytest output)"
+    where = f"{', '.join(suites)} with {server}" if ok else f"{', '.join(suites)}; API conformance not run: {server}"
+    if proc.returncode != 0:
+        failed = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))][:3]
+        return CheckResult("suites", False, f"{summary} ({where}); {'; '.join(failed)}; rerun: {' '.join(cmd[2:])}")
+    return CheckResult("suites", True, f"{summary} ({where})")

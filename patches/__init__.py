@@ -1,0 +1,1 @@
+"""The serving patch set: chat template, vLLM plugin and request compatibility helpers (imports `model`)."""

@@ -1,0 +1,116 @@
+"""End-to-end: the plugin's MoE substitution on the real tiny vLLM CPU server gives vLLM's greedy outputs.
+
+"Off" is the session's embedded server (tests/conftest.py), whose start command is checked to be this test's
+apart from the port; "on" is one extra server with QWEN36_PATCH_MOE=1 and nothing else changed. Requests are
+sequential so each server decodes with T=1 (decode_fused) after a prefill of the prompt (sorted, or the tiny
+path for short prompts), which the "on" server's log must show ran.
+
+Rule: the top-1 tokens agree and every token's logprob agrees within LOGPROB_TOL nats, with one allowance:
+the sequences may part at a near-tie, a step where the "off" server's own top-2 logprobs (logprobs=2) are
+within LOGPROB_TOL of each other and "on" picked the other one of the two; after that the prefixes differ and
+nothing more is compared. The logprobs cannot be bitwise equal: vLLM's CPU kernel and model.moe accumulate the
+bf16 expert products in a different order, and the tiny random model's distributions are nearly flat, so
+near-ties happen. LOGPROB_TOL = 0.1 nats is about three bf16 ulps of a logit of magnitude 4-8 (ulp 0.031), far
+below what a wrong expert, a swapped gate/up half or a missing routing weight does. Measured figures: README.
+"""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import httpx
+import pytest
+
+from harness.server import ManagedServer, ServerConfig
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+LOGPROB_TOL = 0.1
+MAX_TOKENS = 24
+PROMPTS = (
+    "Hello there, tell me a story.",
+    "The capital of France is",
+    "1 2 3 4 5 6 7 8 9 10 " * 20,  # a longer prefill: the sorted path
+    "def fibonacci(n):",
+    "<tool_call> weather in Paris </tool_call>",
+)
+
+
+def greedy(base_url: str, model: str) -> list[dict]:
+    out = []
+    for prompt in PROMPTS:
+        r = httpx.post(f"{base_url}/v1/completions", timeout=300, json={
+            "model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": 2, "seed": 0})
+        r.raise_for_status()
+        lp = r.json()["choices"][0]["logprobs"]
+        out.append({"prompt": prompt, "tokens": lp["tokens"], "logprobs": lp["token_logprobs"],
+                    "top": lp["top_logprobs"]})
+    return out
+
+
+def compare(on: list[dict], off: list[dict], tol: float = LOGPROB_TOL) -> tuple[list[str], list[str], float]:
+    """(problems, near-tie partings, largest logprob difference over the compared steps)."""
+    problems, partings, worst = [], [], 0.0
+    for a, b in zip(on, off, strict=True):
+        for i, (ta, tb) in enumerate(zip(a["tokens"], b["tokens"])):
+            if ta != tb:
+                alt = (b.get("top") or [None] * (i + 1))[i] or {}
+                margin = b["logprobs"][i] - alt[ta] if ta in alt else None
+                where = f"{a['prompt'][:30]!r} step {i}: {ta!r} vs {tb!r}"
+                if margin is not None and margin <= tol:
+                    partings.append(f"{where} (off's top-2 margin {margin:.4f})")
+                else:
+                    problems.append(f"{where}, not a near-tie (off's margin "
+                                    f"{'not in its top-2' if margin is None else f'{margin:.4f}'})")
+                break
+            d = abs(a["logprobs"][i] - b["logprobs"][i])
+            worst = max(worst, d)
+            if d > tol:
+                problems.append(f"{a['prompt'][:30]!r}: step {i} logprob {a['logprobs'][i]:.4f} vs "
+                                f"{b['logprobs'][i]:.4f} (> {tol})")
+    return problems, partings, worst
+
+
+def test_compare_flags_a_changed_token_and_a_logprob_beyond_tolerance():
+    top = [{"a": -0.1, "z": -3.0}, {"b": -0.2, "x": -0.25}, {"c": -0.3, "y": -2.0}]
+    base = [{"prompt": "p", "tokens": ["a", "b", "c"], "logprobs": [-0.1, -0.2, -0.3], "top": top}]
+    assert compare(base, base) == ([], [], 0.0)
+    near_tie = [{**base[0], "tokens": ["a", "x", "q"]}]  # off's margin b-x is 0.05 <= tol
+    problems, partings, _ = compare(near_tie, base)
+    assert problems == [] and "step 1" in partings[0]
+    clear_flip = [{**base[0], "tokens": ["a", "b", "y"]}]  # off's margin c-y is 1.7
+    assert "not a near-tie" in compare(clear_flip, base)[0][0]
+    drift = [{**base[0], "logprobs": [-0.1, -0.2 - 2 * LOGPROB_TOL, -0.3]}]
+    assert "step 1 logprob" in compare(drift, base)[0][0]
+
+
+def _without_port(command: str) -> list[str]:
+    parts = shlex.split(command)
+    i = parts.index("--port")
+    return parts[:i] + parts[i + 2:]
+
+
+def test_moe_substitution_on_gives_the_same_greedy_outputs_as_off(openai_server, tmp_path):
+    if openai_server.pid is None:
+        pytest.skip("needs the embedded server (its start command and log); --server-url gives neither")
+    off_log = Path(openai_server.log_path).read_text(errors="replace")
+    if "moe_experts  off" not in off_log:
+        pytest.skip("the session server does not have the MoE substitution off (is QWEN36_PATCH_MOE set?)")
+    off = greedy(openai_server.base_url, openai_server.model)
+
+    template = shlex.split(openai_server.command)[shlex.split(openai_server.command).index("--chat-template") + 1]
+    cfg = ServerConfig(openai_server.model_dir, chat_template=Path(template), max_model_len=8192,
+                       env={"QWEN36_PATCH_MOE": "1"})
+    with ManagedServer(cfg, tmp_path / "server-moe-on.log") as server:
+        assert _without_port(server.command_line) == _without_port(openai_server.command)
+        on = greedy(server.base_url, cfg.served_model_name)
+    on_log = (tmp_path / "server-moe-on.log").read_text(errors="replace")
+    assert "moe_experts  applied" in on_log
+    assert "first call on path 'decode_fused'" in on_log  # the substitution really served the decode steps
+    assert "first call on path 'sorted'" in on_log
+
+    problems, partings, worst = compare(on, off)
+    assert not problems, f"largest logprob difference {worst:.4f}; " + "; ".join(problems)
+    identical = sum(a["tokens"] == b["tokens"] for a, b in zip(on, off))
+    print(f"\non/off: {identical}/{len(PROMPTS)} prompts token-identical over {MAX_TOKENS} tokens; "
+          f"max |dlogprob| {worst:.4f} nats; near-tie partings: {partings or 'none'}")

