@@ -138,8 +138,9 @@ def _cmd_serve(a) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with server:
-        print(f"ready: {server.base_url}  (Ctrl-C stops it)", flush=True)
         try:
+            # Inside the try: a SIGTERM right after "ready" (a supervisor, a test) is a clean stop too.
+            print(f"ready: {server.base_url}  (Ctrl-C stops it)", flush=True)
             while True:
                 server.check_alive()
                 time.sleep(1)
