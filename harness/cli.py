@@ -46,8 +46,9 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: start the embedded tiny vLLM CPU server)")
     b.add_argument("--model", default=None, help="model name to request (default: the server's first model)")
     b.add_argument("--api-key", default=None)
-    b.add_argument("--preset", choices=("quick",), default=None,
-                   help="quick: decode-micro at c=1,2,4 and a small official-like run (what `make bench` runs)")
+    b.add_argument("--preset", choices=("quick", "gate"), default=None,
+                   help="quick: decode-micro at c=1,2,4 and a small official-like run (what `make bench` runs); "
+                        "gate: the perf gate's workload (decode-micro and official-like at c=2)")
     b.add_argument("--dataset", choices=("decode-micro", "official-like", "matrix", "replay"), default=None)
     b.add_argument("--concurrency", type=_ints, default=(1,), help="comma-separated, e.g. 1,2,4")
     b.add_argument("--requests", type=int, default=None, help="requests per point")

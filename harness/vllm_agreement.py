@@ -9,6 +9,9 @@ The known differences by definition:
   chunk carrying output. vLLM's is never larger.
 - TPOT: vLLM uses (last chunk with `choices` - TTFT) / (output_tokens - 1); the last chunk with choices is
   the finish chunk (empty delta), ours is the last output event; both divide by usage.completion_tokens.
+Pairs where the server held either stream back and flushed it at once (TPOT under `BURST_TPOT_S` on either
+side) time the server's flush, not the clients: they are counted and left out, and rounds continue until
+`requests` comparable pairs are in or `max_requests` pairs were sent.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 from harness.client import ClientConfig, make_http_client, stream_request
 from harness.datasets import decode_micro
+from harness.metrics import BURST_TPOT_S
 
 
 @dataclass(frozen=True)
@@ -38,12 +42,15 @@ class Agreement:
     paired_tpot_diff_median_s: float
     paired_vdef_ttft_diff_median_s: float  # same definition both sides: measures the clients, not definitions
     paired_vdef_tpot_diff_median_s: float
+    pairs_sent: int = 0
+    pairs_held_back: int = 0  # left out: the server flushed at least one of the two streams at once
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-async def _measure(base_url: str, model: str, requests: int, output_tokens: int, pairs: int) -> Agreement:
+async def _measure(base_url: str, model: str, requests: int, output_tokens: int, pairs: int,
+                   max_requests: int) -> Agreement:
     import aiohttp
     from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_chat_completions
 
@@ -69,9 +76,11 @@ async def _measure(base_url: str, model: str, requests: int, output_tokens: int,
             raise RuntimeError(f"vLLM's request {i} failed: {out.error}")
         return out.ttft, (out.latency - out.ttft) / (out.output_tokens - 1)  # as vllm.benchmarks.serve
 
+    sent = held_back = 0
     async with make_http_client(cfg) as http, aiohttp.ClientSession() as session:
-        for start in range(0, requests, pairs):
-            batch = list(enumerate(data.items))[start:start + pairs]
+        start = 0
+        while len(ours_ttft) < requests and sent < max_requests:
+            batch = [(i, data.items[i % len(data.items)]) for i in range(start, start + pairs)]
             mine = [ours(http, i, it.body) for i, it in batch]
             other = [theirs(session, i, it.body) for i, it in batch]
             # Alternate which client sends first: the server schedules in arrival order, and the first
@@ -81,25 +90,33 @@ async def _measure(base_url: str, model: str, requests: int, output_tokens: int,
                 results = res[len(batch):] + res[:len(batch)]
             else:
                 results = await asyncio.gather(*mine, *other)
-            for t, p, vt, vp in results[:len(batch)]:
+            sent += len(batch)
+            start += pairs
+            for (t, p, vt, vp), (vllm_t, vllm_p) in zip(results[:len(batch)], results[len(batch):]):
+                if min(p, vp, vllm_p) < BURST_TPOT_S:
+                    held_back += 1
+                    continue
                 ours_ttft.append(t)
                 ours_tpot.append(p)
                 ours_vttft.append(vt)
                 ours_vtpot.append(vp)
-            for t, p in results[len(batch):]:
-                vllm_ttft.append(t)
-                vllm_tpot.append(p)
+                vllm_ttft.append(vllm_t)
+                vllm_tpot.append(vllm_p)
+    if not ours_ttft:
+        raise RuntimeError(f"the server held back one stream of every one of {sent} pairs: no pair to compare "
+                           "(see harness.metrics.BURST_TPOT_S)")
     med = statistics.median
 
     def diff(xs, ys):
         return med([a - b for a, b in zip(xs, ys)])
 
     return Agreement(
-        requests, output_tokens, pairs, med(ours_ttft), med(ours_vttft), med(vllm_ttft), med(ours_tpot),
+        len(ours_ttft), output_tokens, pairs, med(ours_ttft), med(ours_vttft), med(vllm_ttft), med(ours_tpot),
         med(ours_vtpot), med(vllm_tpot), diff(ours_ttft, vllm_ttft), diff(ours_tpot, vllm_tpot),
-        diff(ours_vttft, vllm_ttft), diff(ours_vtpot, vllm_tpot))
+        diff(ours_vttft, vllm_ttft), diff(ours_vtpot, vllm_tpot), sent, held_back)
 
 
 def compare_with_vllm_bench(base_url: str, model: str, requests: int = 16, output_tokens: int = 64,
-                            pairs: int = 2) -> Agreement:
-    return asyncio.run(_measure(base_url.rstrip("/"), model, requests, output_tokens, pairs))
+                            pairs: int = 2, max_requests: int = 96) -> Agreement:
+    """`requests` comparable pairs (both streams streamed), sending at most `max_requests` pairs."""
+    return asyncio.run(_measure(base_url.rstrip("/"), model, requests, output_tokens, pairs, max_requests))
