@@ -23,10 +23,7 @@ import yaml
 
 from harness.errors import HarnessError
 from harness.gates.decision import Tolerance, min_margin, min_tolerance
-from harness.paths import REPO_ROOT
-
-BASELINES_DIR = REPO_ROOT / "fixtures" / "baselines"
-POLICY_FILE = REPO_ROOT / "fixtures" / "gates" / "policy.yaml"
+from harness.paths import BASELINES_DIR, GATE_POLICY_FILE
 
 
 @dataclass
@@ -85,7 +82,7 @@ def load_baseline(profile: str, root: Path = BASELINES_DIR) -> Baseline:
                            "fixtures/baselines/cpu-tiny.yaml") from e
 
 
-def load_policy(path: Path = POLICY_FILE) -> dict[str, Tolerance]:
+def load_policy(path: Path = GATE_POLICY_FILE) -> dict[str, Tolerance]:
     """The gated metrics and their default tolerances."""
     doc = yaml.safe_load(Path(path).read_text())
     return {m: Tolerance(float(t["value"]), t.get("scale", "relative")) for m, t in doc["gated"].items()}

@@ -78,7 +78,7 @@ def compare_runs(a: RunDir, b: RunDir, accept: Iterable[str] = (), metrics=COMPA
 
 def comparison_markdown(c: Comparison) -> str:
     metrics = [m for m in COMPARED if m in c.geomean]
-    lines = [f"# A/B comparison", "", f"- A: `{c.run_a}`", f"- B: `{c.run_b}`", "",
+    lines = ["# A/B comparison", "", f"- A: `{c.run_a}`", f"- B: `{c.run_b}`", "",
              "Ratios B / A of each metric's median over repeats; "
              + ", ".join(f"{m} ({'higher' if REGISTRY[m].direction == 'higher' else 'lower'} is better)" for m in metrics),
              "", "| point | " + " | ".join(metrics) + " |", "|---|" + "---:|" * len(metrics)]

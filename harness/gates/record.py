@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness.bench import PRESETS, BenchConfig, run_bench
 from harness.errors import HarnessError
-from harness.gates.baseline import BASELINES_DIR, Baseline, load_policy, save_baseline, tolerances_for
+from harness.gates.baseline import BASELINES_DIR, Baseline, baseline_path, load_policy, save_baseline, tolerances_for
 from harness.gates.gate import load_run
 from harness.gates.identity import identity_from_manifest
 
@@ -56,8 +56,8 @@ def record_baseline(profile: str, repeats: int, preset: str = "gate", base_url: 
         raise HarnessError(f"--repeats {repeats}: a baseline needs at least 2 repeats to know its noise (5 advised)")
     if preset not in PRESETS:
         raise HarnessError(f"--preset {preset!r}: choose one of {', '.join(PRESETS)}")
-    path = root / f"{profile}.yaml"
-    if path.exists() and not update:
+    path = baseline_path(profile, root)
+    if path.exists() and not update:  # checked before the bench, not after minutes of measuring
         raise HarnessError(f"{path} exists; pass --update to replace it (the diff is printed)")
     # One extra repeat first, measured and kept in the run directory but not in the baseline: it meets a cold
     # prefix cache (official-like reuses its own prefixes across repeats), the rest measure the steady state.

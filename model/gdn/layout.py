@@ -76,7 +76,7 @@ def qwen35_to_qwen3_next(
     in_proj_qkv: torch.Tensor, in_proj_z: torch.Tensor, in_proj_b: torch.Tensor, in_proj_a: torch.Tensor, dims: GDNDims
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(in_proj_qkvz, in_proj_ba) in the Qwen3-Next grouped layout: the inverse of `qwen3_next_to_qwen35`."""
-    h, kd, vd, r = dims.num_k_heads, dims.head_k_dim, dims.head_v_dim, dims.group
+    h, r = dims.num_k_heads, dims.group
     _check_rows("in_proj_qkv", in_proj_qkv, dims.conv_dim, dims)
     _check_rows("in_proj_z", in_proj_z, dims.value_dim, dims)
     _check_rows("in_proj_b", in_proj_b, dims.num_v_heads, dims)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.gdn import GDNDims, GDNState, run_conv_path, run_gdn_rule
+from model.gdn import GDNDims, run_conv_path, run_gdn_rule
 from tests.numerics.compare import assert_close, poisoned_like, relative_error
 from tests.numerics.gdn_attention_cases import generator, random_recurrent_state, randn, rule_inputs
 from tests.numerics.tolerances import gdn_rule_tolerance
