@@ -75,6 +75,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="Perf gates: identity fields allowed to differ from the baseline (datasets, model, "
         "model_files_sha256, server_args), comma-separated; the gate report lists them.",
     )
+    group.addoption(
+        "--gate-repeats",
+        default=3,
+        type=int,
+        help="Live perf gates: how many times the baseline's workload preset is run against the server (default 3).",
+    )
+    group.addoption(
+        "--baselines-dir",
+        default=None,
+        help="Perf gates: where the baseline profiles are (default: fixtures/baselines).",
+    )
 
 
 def cuda_unavailable_reason() -> str | None:
@@ -90,6 +101,11 @@ def cuda_unavailable_reason() -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--server-url"):
+        skip_live = pytest.mark.skip(reason="`live` tests measure a live server: give --server-url http://HOST:PORT")
+        for item in items:
+            if item.get_closest_marker("live"):
+                item.add_marker(skip_live)
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return

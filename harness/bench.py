@@ -8,6 +8,7 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
 import httpx
 
@@ -17,11 +18,12 @@ from harness.client import ClientConfig
 from harness.errors import HarnessError
 from harness.hardware import HardwareSampler, summarize_samples
 from harness.metrics import REGISTRY, Scoring
-from harness.paths import PATCH_CHAT_TEMPLATE, RUNS_DIR, TINY_MODEL_CHAT_TEMPLATE
+from harness.paths import RUNS_DIR
+from harness.placement import client_on
 from harness.prometheus import compare_hit_rates, deltas, scrape
 from harness.report import metrics_table, write_plot, write_report
 from harness.runner import Point, PointResult, SweepPolicy, run_points, sweep_stop_reason
-from harness.server import ManagedServer, ServerConfig
+from harness.server import ManagedServer, embedded_config
 
 DATASETS = ("decode-micro", "official-like", "matrix", "replay")
 
@@ -34,16 +36,22 @@ class Workload:
     output_tokens: int | None = None
     input_tokens: tuple[int, ...] = (128,)  # matrix only
     replay_file: Path | None = None
+    prompt_cap_tokens: int | None = None  # official-like only; None: the dataset's default
 
 
 PRESETS: dict[str, tuple[Workload, ...]] = {
     # `make bench`: decode speed at three concurrencies, then a small agentic multi-turn run.
     "quick": (Workload("decode-micro", (1, 2, 4), requests=8, output_tokens=128),
               Workload("official-like", (2,))),
-    # The perf gate's workload (`cpu-tiny` profile): decode speed and agentic prefix reuse, small enough to
-    # repeat five times on two cores.
-    "gate": (Workload("decode-micro", (2,), requests=8, output_tokens=64),
-             Workload("official-like", (2,), requests=8)),
+    # The perf gate's workload (`cpu-tiny` profile): decode speed at c=2 and agentic prefix reuse at c=1 (the
+    # platform's concurrency), small enough to repeat on two cores. official-like at c=2 was not steady on
+    # the tiny server: one request's prefill step stalls the other's decode, and its Output TPS P10 over 8
+    # requests swung 56-98 tok/s between repeats of one run (2026-12-01).
+    "gate": (Workload("decode-micro", (2,), requests=16, output_tokens=64),
+             Workload("official-like", (1,), requests=8)),
+    # The `bi-v100-tp4-245k` profile's workload, as the team's ledger describes it: 8 requests at concurrency 1,
+    # max_tokens 256, cumulative multi-turn with tools, prompts capped at 40K tokens.
+    "bi-v100-ledger": (Workload("official-like", (1,), requests=8, output_tokens=256, prompt_cap_tokens=40000),),
 }
 
 
@@ -66,10 +74,17 @@ class BenchConfig:
     # are comparable with runs that started the embedded server themselves.
     server_command: str | None = None
     model_dir: Path | None = None  # its model directory: sizes prompts with its tokenizer, hashes its files
+    # A server on this machine: the cores the client runs on while measuring (the layout's frontend cores,
+    # harness/placement.py). The embedded server sets it itself; None leaves the client where it is.
+    client_cpus: tuple[int, ...] | None = None
+    # Stalled streams out of the timing percentiles (harness.metrics.summarize); None: yes when the server
+    # is on this machine (loopback), where a stall is the client's, no for a remote server.
+    exclude_stalled: bool | None = None
     # Embedded server only.
     tiny_model_dir: Path | None = None  # None: build into <out_root>/tiny-model
     max_model_len: int = 8192
     server_log: Path | None = None
+    place_processes: bool = True  # harness/placement.py; False reproduces vLLM's own placement
 
 
 def list_models(base_url: str, api_key: str | None) -> list[str]:
@@ -102,6 +117,8 @@ def build_points(cfg: BenchConfig, count: ds.TokenCounter) -> list[Point]:
                 kw = {"max_tokens": w.output_tokens} if w.output_tokens else {}
                 if w.requests:
                     kw["sessions"] = max(1, -(-w.requests // 4))  # 4 turns per session
+                if w.prompt_cap_tokens:
+                    kw["prompt_cap_tokens"] = w.prompt_cap_tokens
                 d = ds.official_like(cfg.seed, count=count, **kw)
                 points.append(Point(f"official-like@c{c}", d, c, cfg.repeats))
             elif w.dataset == "matrix":
@@ -139,11 +156,10 @@ def run_bench(cfg: BenchConfig) -> Path:
             from harness.tiny_model import build_tiny_model
 
             model_dir = cfg.tiny_model_dir or build_tiny_model(Path(cfg.out_root) / "tiny-model")
-            template = PATCH_CHAT_TEMPLATE if PATCH_CHAT_TEMPLATE.exists() else TINY_MODEL_CHAT_TEMPLATE
             print(f"starting the embedded vLLM CPU server (about a minute); log {run_dir / 'server.log'}",
                   file=sys.stderr)
-            server = ManagedServer(ServerConfig(str(model_dir), chat_template=template,
-                                                max_model_len=cfg.max_model_len),
+            server = ManagedServer(embedded_config(model_dir, max_model_len=cfg.max_model_len,
+                                                   place_processes=cfg.place_processes),
                                    cfg.server_log or run_dir / "server.log").start()
             base_url = server.base_url
         else:
@@ -172,9 +188,11 @@ def run_bench(cfg: BenchConfig) -> Path:
             prev.append(cur)
             return reason
 
-        with HardwareSampler(run_dir / "hardware.jsonl") as sampler:
+        client_cpus = server.client_cpus if server else cfg.client_cpus
+        with HardwareSampler(run_dir / "hardware.jsonl") as sampler, client_on(client_cpus):
             results, end_reason = run_points(client, points, scoring, show_progress=cfg.show_progress,
-                                             before_measure=before, after_point=after)
+                                             before_measure=before, after_point=after,
+                                             exclude_stalled=_exclude_stalled(cfg, base_url))
         if end_reason == "completed" and cfg.sweep:
             end_reason = "max_reached"
 
@@ -186,6 +204,13 @@ def run_bench(cfg: BenchConfig) -> Path:
             server.stop()
         if not any(run_dir.iterdir()):
             run_dir.rmdir()  # failed before anything was written: leave no empty run directory
+
+
+def _exclude_stalled(cfg: BenchConfig, base_url: str) -> bool:
+    if cfg.exclude_stalled is not None:
+        return cfg.exclude_stalled
+    host = urlparse(base_url).hostname or ""
+    return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
 def _reachable(base_url: str, api_key: str | None) -> bool:
@@ -206,7 +231,9 @@ def write_outputs(run_dir: Path, cfg: BenchConfig, base_url: str, model: str, se
                    extra={"points": [{"name": r.point.name, "concurrency": r.point.concurrency,
                                       "repeats": r.point.repeats, "dataset": r.point.dataset.name}
                                      for r in results],
-                          "end_reason": end_reason, "hardware_sampler": sampler_tool})
+                          "end_reason": end_reason, "hardware_sampler": sampler_tool,
+                          "placement": ({"layout": server.layout.describe()} if server and server.layout else
+                                        {"client_cpus": list(cfg.client_cpus)} if cfg.client_cpus else None)})
     if model_dir is not None:
         from harness.tiny_model import checkpoint_digest
 

@@ -21,6 +21,16 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def _cpus(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated core ids like 1 or 2,3") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected core ids >= 0 like 1 or 2,3")
+    return values
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="qwen36", description="Qwen3.6 serving harness")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -39,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="a full server command instead of vLLM's ({port} is substituted), e.g. a wrapper script")
     s.add_argument("--served-model-name", default="tiny-qwen36",
                    help="the model name the readiness generation asks for")
+    s.add_argument("--no-placement", action="store_true",
+                   help="leave vLLM's processes where vLLM puts them (default: the engine core with the "
+                        "worker, the API server on another core; harness/placement.py)")
 
     b = sub.add_parser("bench", help="measure the platform's metrics against a server")
     b.add_argument("--base-url", "--server-url", dest="base_url", default=None,
@@ -46,9 +59,10 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: start the embedded tiny vLLM CPU server)")
     b.add_argument("--model", default=None, help="model name to request (default: the server's first model)")
     b.add_argument("--api-key", default=None)
-    b.add_argument("--preset", choices=("quick", "gate"), default=None,
+    b.add_argument("--preset", choices=("quick", "gate", "bi-v100-ledger"), default=None,
                    help="quick: decode-micro at c=1,2,4 and a small official-like run (what `make bench` runs); "
-                        "gate: the perf gate's workload (decode-micro and official-like at c=2)")
+                        "gate: the perf gate's workload (decode-micro and official-like at c=2); "
+                        "bi-v100-ledger: the bi-v100-tp4-245k baseline's (official-like, 8 requests at c=1)")
     b.add_argument("--dataset", choices=("decode-micro", "official-like", "matrix", "replay"), default=None)
     b.add_argument("--concurrency", type=_ints, default=(1,), help="comma-separated, e.g. 1,2,4")
     b.add_argument("--requests", type=int, default=None, help="requests per point")
@@ -66,6 +80,13 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", type=Path, default=None, help="runs root (default: runs/ in the checkout)")
     b.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
     b.add_argument("--no-progress", action="store_true")
+    b.add_argument("--no-placement", action="store_true",
+                   help="embedded server: leave vLLM's processes where vLLM puts them (harness/placement.py)")
+    b.add_argument("--client-cpus", type=_cpus, default=None,
+                   help="a server on this machine: run the client on these cores, e.g. 1 (what `qwen36 serve` "
+                        "prints); default: where it is")
+    b.add_argument("--keep-stalled", action="store_true",
+                   help="keep stalled streams in the timing percentiles even against a loopback server")
 
     from harness.gates.commands import add_parsers as add_gate_parsers
 
@@ -124,17 +145,19 @@ def _cmd_tiny_model(a) -> int:
 
 
 def _cmd_serve(a) -> int:
-    from harness.paths import PATCH_CHAT_TEMPLATE, TINY_MODEL_CHAT_TEMPLATE
-    from harness.server import ManagedServer, ServerConfig
+    from harness.server import ManagedServer, embedded_config
     from harness.tiny_model import build_tiny_model
 
     model = a.model or build_tiny_model(a.run_dir / "tiny-model")
-    template = a.chat_template or (PATCH_CHAT_TEMPLATE if PATCH_CHAT_TEMPLATE.exists() else TINY_MODEL_CHAT_TEMPLATE)
-    cfg = ServerConfig(str(model), served_model_name=a.served_model_name, port=a.port,
-                       max_model_len=a.max_model_len, chat_template=template,
-                       command=tuple(shlex.split(a.command)) if a.command else None)
+    cfg = embedded_config(model, served_model_name=a.served_model_name, port=a.port, max_model_len=a.max_model_len,
+                          command=tuple(shlex.split(a.command)) if a.command else None,
+                          place_processes=not a.no_placement,
+                          **({"chat_template": a.chat_template} if a.chat_template else {}))
     server = ManagedServer(cfg, a.run_dir / "server.log")
     print(f"starting: {server.command_line}\nlog: {server.log_path}", file=sys.stderr)
+    if server.layout:
+        print(f"placement: {server.layout.describe()}; a client on this machine: "
+              f"qwen36 bench --client-cpus {','.join(map(str, server.layout.frontend))}", file=sys.stderr)
     # Both end the server cleanly; SIGINT explicitly, as a background job may inherit it ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -165,7 +188,8 @@ def _cmd_bench(a) -> int:
         workloads=workloads, base_url=a.base_url, model=a.model, api_key=a.api_key, tokenizer=a.tokenizer,
         seed=a.seed, repeats=a.repeats, sweep=a.sweep, sweep_policy=SweepPolicy(ttft_slo_s=a.ttft_slo),
         out_root=a.out or RUNS_DIR, label=(a.preset or a.dataset or "quick"), timeout_s=a.timeout,
-        show_progress=not a.no_progress,
+        show_progress=not a.no_progress, place_processes=not a.no_placement, client_cpus=a.client_cpus,
+        exclude_stalled=False if a.keep_stalled else None,
     )
     from harness.bench import run_bench
 

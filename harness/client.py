@@ -41,6 +41,9 @@ class RequestRecord:
     completion_tokens: int | None = None
     cached_tokens: int | None = None  # None: the server did not report it
     output_events: int = 0
+    # Arrival of every output event, in microseconds after t_first: the raw stream timing, from which the
+    # largest gap (a stall) is read independently of TPOT.
+    output_offsets_us: list[int] = field(default_factory=list)
     failure: str | None = None  # one of FAILURE_CLASSES, None on success
     error: str | None = None
     tags: dict = field(default_factory=dict)  # dataset/run context: phase, concurrency, session, turn...
@@ -65,13 +68,28 @@ class RequestRecord:
         return (self.t_last_ns - self.t_first_ns) / 1e9 / (n - 1)
 
     @property
+    def max_gap_s(self) -> float | None:
+        """Largest interval between two consecutive output events; None with fewer than two."""
+        o = self.output_offsets_us
+        return max(b - a for a, b in zip(o, o[1:])) / 1e6 if len(o) >= 2 else None
+
+    @property
+    def median_gap_s(self) -> float | None:
+        o = self.output_offsets_us
+        if len(o) < 2:
+            return None
+        gaps = sorted(b - a for a, b in zip(o, o[1:]))
+        return gaps[len(gaps) // 2] / 1e6
+
+    @property
     def output_tps(self) -> float | None:
         tpot = self.tpot_s
         return None if not tpot else 1.0 / tpot
 
     def to_json(self) -> dict:
         d = asdict(self)
-        d.update(ok=self.ok, ttft_s=self.ttft_s, e2e_s=self.e2e_s, tpot_s=self.tpot_s, output_tps=self.output_tps)
+        d.update(ok=self.ok, ttft_s=self.ttft_s, e2e_s=self.e2e_s, tpot_s=self.tpot_s, output_tps=self.output_tps,
+                 max_gap_s=self.max_gap_s)
         return d
 
     @classmethod
@@ -178,6 +196,7 @@ async def _stream_into(http: httpx.AsyncClient, endpoint: str, body: dict, rec: 
                         rec.t_first_ns = now
                     rec.t_last_ns = now
                     rec.output_events += 1
+                    rec.output_offsets_us.append((now - rec.t_first_ns) // 1000)
                 if choice.get("finish_reason") is not None:
                     rec.finish_reason = choice["finish_reason"]
             usage = chunk.get("usage")

@@ -18,6 +18,16 @@ from harness.paths import SCORING_FILE
 
 Direction = Literal["higher", "lower", "info"]
 BURST_TPOT_S = 0.0002
+# A stall, as the client sees it: a gap between two output events longer than STALL_MIN_GAP_S and than
+# STALL_GAP_FACTOR times the stream's median gap, followed by STALL_BURST_EVENTS events each under
+# STALL_BURST_GAP_S apart: the backlog read at once when the reader runs again. (A tool parser that holds
+# text back and then sends one bigger delta is a long gap without that burst: not a stall.)
+STALL_MIN_GAP_S = 0.1
+STALL_GAP_FACTOR = 10
+STALL_BURST_EVENTS = 3
+STALL_BURST_GAP_S = 0.001
+# The per-request timings a stall corrupts; run-level metrics (throughput over D, cache, success) keep it.
+STALL_CORRUPTED = ("ttft", "tpot", "e2e", "output_tps")
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,9 @@ _RUN_METRICS = [
     _m("duration_s", "s", "info", "D: first send to last t_end over measured requests"),
     _m("requests", "count", "info", "measured requests (warm-up excluded)"),
     _m("successes", "count", "info", "requests that met every success condition"),
+    _m("stalled_requests", "count", "info", "successful requests with a stall (harness.metrics.stall_kind)"),
+    _m("gap_over_100ms_requests", "count", "info", "successful requests with any gap over 100 ms between "
+       "two output events (raw: includes a tool parser holding text back)"),
 ]
 REGISTRY: dict[str, Metric] = {m.name: m for m in _REQUEST_METRICS + _RUN_METRICS}
 
@@ -109,22 +122,45 @@ def percentile(values: Iterable[float], p: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def summarize(records: list[RequestRecord], scoring: Scoring) -> dict:
+def stall_kind(r: RequestRecord) -> str | None:
+    """'held_back' (the whole answer in one read), 'gap' (a mid-stream gap then a burst), or None."""
+    if (r.completion_tokens or 0) >= 8 and r.tpot_s is not None and r.tpot_s < BURST_TPOT_S:
+        return "held_back"
+    o = r.output_offsets_us
+    gaps = [(b - a) / 1e6 for a, b in zip(o, o[1:])]
+    if len(gaps) < 2:
+        return None
+    limit = max(STALL_MIN_GAP_S, STALL_GAP_FACTOR * sorted(gaps)[len(gaps) // 2])
+    for i, g in enumerate(gaps):
+        after = gaps[i + 1 : i + 1 + STALL_BURST_EVENTS]
+        if g > limit and len(after) == STALL_BURST_EVENTS and max(after) < STALL_BURST_GAP_S:
+            return "gap"
+    return None
+
+
+def summarize(records: list[RequestRecord], scoring: Scoring, exclude_stalled: bool = False) -> dict:
     """Per-run metrics over measured (non-warm-up) records. Values that cannot be computed are None, with
-    the reason under `notes` (no successes, cached_tokens not reported...)."""
+    the reason under `notes` (no successes, cached_tokens not reported...).
+
+    `exclude_stalled`: leave stalled requests (`stall_kind`) out of the per-request timing percentiles.
+    Right for a client that shares the machine with the server, where a stall is the client descheduled
+    while the server kept sending (harness/placement.py); wrong for a remote server, where a stall is
+    the server's and the platform sees it too."""
     records = [r for r in records if not r.tags.get("warmup")]
     ok = [r for r in records if r.ok]
     notes: list[str] = []
+    stalled = [r for r in ok if stall_kind(r)]
+    timed = [r for r in ok if not (exclude_stalled and stall_kind(r))]
     out: dict = {name: None for name, m in REGISTRY.items() if m.scope == "run"}
     out["requests"] = len(records)
     out["successes"] = len(ok)
     out["failures"] = {c: sum(1 for r in records if r.failure == c) for c in FAILURE_CLASSES}
     out["success_rate"] = len(ok) / len(records) if records else None
     per_request = {
-        "ttft": [r.ttft_s for r in ok],
-        "tpot": [r.tpot_s for r in ok if r.tpot_s is not None],
-        "e2e": [r.e2e_s for r in ok],
-        "output_tps": [r.output_tps for r in ok if r.output_tps is not None],
+        "ttft": [r.ttft_s for r in timed],
+        "tpot": [r.tpot_s for r in timed if r.tpot_s is not None],
+        "e2e": [r.e2e_s for r in timed],
+        "output_tps": [r.output_tps for r in timed if r.output_tps is not None],
     }
     for k, ps in PERCENTILES.items():
         for p in ps:
@@ -133,15 +169,21 @@ def summarize(records: list[RequestRecord], scoring: Scoring) -> dict:
     ends = [r.t_end_ns for r in records if r.t_end_ns is not None]
     duration = (max(ends) - min(starts)) / 1e9 if starts and ends else None
     out["duration_s"] = duration
-    # A stream with TPOT under 0.2 ms (over 5000 tok/s for one sequence) was held back by the server and
-    # flushed at once, not decoded that fast: its TPOT says nothing about decode speed. Flag, don't hide.
-    bursty = sum(1 for r in ok if (r.completion_tokens or 0) >= 8 and r.tpot_s is not None
-                 and r.tpot_s < BURST_TPOT_S)
-    out["bursty_requests"] = bursty
-    if bursty:
-        notes.append(f"{bursty} of {len(ok)} successful request(s) had TPOT under 0.2 ms: the server "
-                     "held the stream back (starved API-server process or detokenizer waiting for complete "
-                     "text), so their TPOT / output TPS are not decode speed")
+    # A stream with TPOT under 0.2 ms (over 5000 tok/s for one sequence) was read in one go, not decoded
+    # that fast; a mid-stream gap followed by a burst is the same thing halfway. Counted, and left out of
+    # the timing percentiles only where `exclude_stalled` says the stall is the client's.
+    out["bursty_requests"] = sum(1 for r in stalled if stall_kind(r) == "held_back")
+    out["stalled_requests"] = len(stalled)
+    out["stalled_excluded"] = len(stalled) if exclude_stalled else 0
+    out["gap_over_100ms_requests"] = sum(1 for r in ok if (r.max_gap_s or 0) > STALL_MIN_GAP_S)
+    if stalled:
+        held = out["bursty_requests"]
+        what = (f"{held} read in one burst (TPOT under 0.2 ms), {len(stalled) - held} with a mid-stream gap "
+                "followed by a burst")
+        fate = ("left out of TTFT / TPOT / E2E / output TPS percentiles (client and server share this machine: "
+                "the client was descheduled, see harness/placement.py)" if exclude_stalled else
+                "kept in every metric: their TPOT / output TPS are not decode speed")
+        notes.append(f"{len(stalled)} of {len(ok)} successful request(s) stalled ({what}); {fate}")
     missing_cached = sum(1 for r in ok if r.cached_tokens is None)
     out["cached_tokens_missing"] = missing_cached
     if duration and ok:

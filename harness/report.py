@@ -9,7 +9,7 @@ from harness.metrics import REGISTRY, Scoring, target_distance
 
 TABLE_METRICS = ("success_rate", "ttft_p50", "ttft_p90", "tpot_p50", "output_tps_p10", "output_tps_p50",
                  "agg_output_tps", "uncached_input_tps", "cache_tps", "cache_hit_rate", "weighted_throughput",
-                 "requests", "duration_s")
+                 "requests", "stalled_requests", "gap_over_100ms_requests", "duration_s")
 _ARROW = {"higher": "↑", "lower": "↓", "info": ""}
 
 

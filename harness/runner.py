@@ -74,7 +74,8 @@ def _warmup_items(ds: Dataset, concurrency: int) -> list[Item]:
 
 
 async def _run_point(cfg: ClientConfig, point: Point, scoring: Scoring, stop: asyncio.Event,
-                     on_repeat: Callable[[], None] | None, show_progress: bool) -> PointResult:
+                     on_repeat: Callable[[], None] | None, show_progress: bool,
+                     exclude_stalled: bool) -> PointResult:
     result = PointResult(point)
     ds = point.dataset
     # One client per point: the warm-up opens the connections the measured phase then reuses.
@@ -96,9 +97,10 @@ async def _run_point(cfg: ClientConfig, point: Point, scoring: Scoring, stop: as
             if stop.is_set():
                 result.interrupted = True
                 if measured:
-                    result.summaries.append({**summarize(measured, scoring), "repeat": rep, "interrupted": True})
+                    result.summaries.append({**summarize(measured, scoring, exclude_stalled), "repeat": rep,
+                                             "interrupted": True})
                 break
-            result.summaries.append({**summarize(measured, scoring), "repeat": rep})
+            result.summaries.append({**summarize(measured, scoring, exclude_stalled), "repeat": rep})
     return result
 
 
@@ -127,8 +129,9 @@ def sweep_stop_reason(prev: dict | None, cur: dict, policy: SweepPolicy, server_
 
 def run_points(cfg: ClientConfig, points: list[Point], scoring: Scoring, *, show_progress: bool = True,
                before_measure: Callable[[Point], None] | None = None,
-               after_point: Callable[[PointResult], str | None] | None = None) -> tuple[list[PointResult], str]:
-    """Run points in order. `after_point` may return a stop reason (the sweep). Returns the results and
+               after_point: Callable[[PointResult], str | None] | None = None,
+               exclude_stalled: bool = False) -> tuple[list[PointResult], str]:
+    """Run points in order (`exclude_stalled`: see harness.metrics.summarize). `after_point` may return a stop reason (the sweep). Returns the results and
     why the run ended: "completed", "interrupted" (Ctrl-C) or a sweep stop reason."""
 
     async def main() -> tuple[list[PointResult], str]:
@@ -142,7 +145,7 @@ def run_points(cfg: ClientConfig, points: list[Point], scoring: Scoring, *, show
         try:
             for point in points:
                 cb = (lambda p=point: before_measure(p)) if before_measure else None
-                res = await _run_point(cfg, point, scoring, stop, cb, show_progress)
+                res = await _run_point(cfg, point, scoring, stop, cb, show_progress, exclude_stalled)
                 results.append(res)
                 if res.interrupted:
                     return results, "interrupted"

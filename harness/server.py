@@ -23,6 +23,7 @@ import httpx
 import psutil
 
 from harness.errors import HarnessError, ServerDied
+from harness.placement import CpuLayout, apply_to_server, plan_layout
 
 DEFAULT_SERVED_NAME = "tiny-qwen36"
 
@@ -72,6 +73,19 @@ class ServerConfig:
     owner_pid: int | None = None
     cpu_kvcache_gib: int = 2
     env: dict[str, str] = field(default_factory=dict)
+    # Place the engine core with the worker and the API server (and our client) on another core: on a
+    # 2-core machine this is what keeps streams from stalling (harness/placement.py). vLLM commands only.
+    place_processes: bool = True
+
+
+def embedded_config(model_dir: Path | str, **overrides) -> ServerConfig:
+    """The embedded tiny server's configuration (the patch set's chat template, 8K context), the one place
+    `qwen36 bench`, `qwen36 serve`, the test session and the perf-gate tests take it from, so that their
+    runs are comparable; `overrides` are ServerConfig fields (extra_args, env, port...)."""
+    from harness.paths import PATCH_CHAT_TEMPLATE, TINY_MODEL_CHAT_TEMPLATE
+
+    template = PATCH_CHAT_TEMPLATE if PATCH_CHAT_TEMPLATE.exists() else TINY_MODEL_CHAT_TEMPLATE
+    return ServerConfig(**{"model": str(model_dir), "chat_template": template, "max_model_len": 8192, **overrides})
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -124,6 +138,14 @@ class ManagedServer:
         self.command = build_command(cfg, self.port)
         self.proc: subprocess.Popen | None = None
         self._known_descendants: dict[int, psutil.Process] = {}
+        self.layout: CpuLayout | None = (
+            plan_layout() if cfg.place_processes and cfg.command is None
+            and "VLLM_CPU_OMP_THREADS_BIND" not in {**os.environ, **cfg.env} else None)
+
+    @property
+    def client_cpus(self) -> tuple[int, ...] | None:
+        """Where a benchmark client on this machine should run, or None when there is no layout."""
+        return self.layout.frontend if self.layout else None
 
     @property
     def base_url(self) -> str:
@@ -135,7 +157,8 @@ class ManagedServer:
 
     def start(self) -> "ManagedServer":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.cfg.cpu_kvcache_gib), **self.cfg.env}
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.cfg.cpu_kvcache_gib),
+               **(self.layout.server_env() if self.layout else {}), **self.cfg.env}
         with open(self.log_path, "ab") as log:
             log.write(f"$ {self.command_line}\n".encode())
             log.flush()
@@ -150,10 +173,19 @@ class ManagedServer:
         self._start_watchdog()
         try:
             self.wait_ready()
+            self._place()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _place(self) -> None:
+        """After readiness every process exists: move them to the layout and say so in the log."""
+        if self.layout is None:
+            return
+        placed = apply_to_server(self.proc.pid, self.layout)
+        with open(self.log_path, "a") as log:
+            log.write(f"qwen36: process placement ({self.layout.describe()}): {placed}\n")
 
     def _start_watchdog(self) -> None:
         owner = self.cfg.owner_pid or os.getpid()

@@ -30,6 +30,7 @@ class ServerInfo:
     log_path: str | None = None
     command: str | None = None
     model_dir: str | None = None
+    client_cpus: tuple[int, ...] | None = None  # where a client on this machine should run (harness.placement)
 
 
 def acquire(state_dir: Path, start: Callable[[Path], tuple[ManagedServer, str]]) -> ServerInfo:
@@ -45,7 +46,7 @@ def acquire(state_dir: Path, start: Callable[[Path], tuple[ManagedServer, str]])
             state.write_text(json.dumps({"error": str(exc)}))
             raise
         info = ServerInfo(server.base_url, server.cfg.served_model_name, server.proc.pid, str(server.log_path),
-                          server.command_line, model_dir)
+                          server.command_line, model_dir, server.client_cpus)
         state.write_text(json.dumps(asdict(info)))
         return info
 
@@ -54,6 +55,8 @@ def _load(state: Path) -> ServerInfo:
     data = json.loads(state.read_text())
     if "error" in data:
         raise ServerDied(f"the session's server failed to start in another worker: {data['error']}")
+    if data.get("client_cpus") is not None:
+        data["client_cpus"] = tuple(data["client_cpus"])
     return ServerInfo(**data)
 
 

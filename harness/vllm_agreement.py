@@ -12,6 +12,12 @@ The known differences by definition:
 Pairs where the server held either stream back and flushed it at once (TPOT under `BURST_TPOT_S` on either
 side) time the server's flush, not the clients: they are counted and left out, and rounds continue until
 `requests` comparable pairs are in or `max_requests` pairs were sent.
+
+A pacer stream keeps the engine busy for the whole measurement. Without it, an idle engine starts a step
+the moment the first request of a round arrives, and the others, a millisecond later, wait for the next
+step (a tiny-model prefill step takes about 90 ms on two cores): the pair's TTFTs then differ by one
+step, in the direction of whichever client sent first, and the paired median swings by +-100 ms with the
+send order (seen in CI: +112 ms). With the engine mid-step, the whole round waits for the same next step.
 """
 from __future__ import annotations
 
@@ -78,6 +84,8 @@ async def _measure(base_url: str, model: str, requests: int, output_tokens: int,
 
     sent = held_back = 0
     async with make_http_client(cfg) as http, aiohttp.ClientSession() as session:
+        pacer = asyncio.create_task(_pace(http, cfg))
+        await asyncio.sleep(0.5)  # until the pacer is decoding
         start = 0
         while len(ours_ttft) < requests and sent < max_requests:
             batch = [(i, data.items[i % len(data.items)]) for i in range(start, start + pairs)]
@@ -102,6 +110,8 @@ async def _measure(base_url: str, model: str, requests: int, output_tokens: int,
                 ours_vtpot.append(vp)
                 vllm_ttft.append(vllm_t)
                 vllm_tpot.append(vllm_p)
+        pacer.cancel()
+        await asyncio.gather(pacer, return_exceptions=True)
     if not ours_ttft:
         raise RuntimeError(f"the server held back one stream of every one of {sent} pairs: no pair to compare "
                            "(see harness.metrics.BURST_TPOT_S)")
@@ -114,6 +124,14 @@ async def _measure(base_url: str, model: str, requests: int, output_tokens: int,
         len(ours_ttft), output_tokens, pairs, med(ours_ttft), med(ours_vttft), med(vllm_ttft), med(ours_tpot),
         med(ours_vtpot), med(vllm_tpot), diff(ours_ttft, vllm_ttft), diff(ours_tpot, vllm_tpot),
         diff(ours_vttft, vllm_ttft), diff(ours_vtpot, vllm_tpot), sent, held_back)
+
+
+async def _pace(http, cfg: ClientConfig) -> None:
+    """Long greedy decodes, one after another, until cancelled."""
+    body = {"messages": [{"role": "user", "content": "pace"}], "max_tokens": 4000, "min_tokens": 4000,
+            "ignore_eos": True, "temperature": 0}
+    while True:
+        await stream_request(http, cfg, body, "pacer")
 
 
 def compare_with_vllm_bench(base_url: str, model: str, requests: int = 16, output_tokens: int = 64,

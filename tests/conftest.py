@@ -42,15 +42,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def _start_embedded(state_dir: Path):
-    from harness.paths import PATCH_CHAT_TEMPLATE, TINY_MODEL_CHAT_TEMPLATE
-    from harness.server import ManagedServer, ServerConfig
+    from harness.server import ManagedServer, embedded_config
     from harness.tiny_model import build_tiny_model
 
     model_dir = build_tiny_model(state_dir / "tiny-model")
-    template = PATCH_CHAT_TEMPLATE if PATCH_CHAT_TEMPLATE.exists() else TINY_MODEL_CHAT_TEMPLATE
     owner = os.environ.get(OWNER_ENV)
-    cfg = ServerConfig(str(model_dir), chat_template=template, max_model_len=8192,
-                       owner_pid=int(owner) if owner else None)
+    cfg = embedded_config(model_dir, owner_pid=int(owner) if owner else None)
     return ManagedServer(cfg, state_dir / "server.log").start(), str(model_dir)
 
 

@@ -34,6 +34,9 @@ def add_parsers(sub) -> None:
     r.add_argument("--base-url", "--server-url", dest="base_url", default=None,
                    help="a running server (default: start the embedded tiny vLLM CPU server)")
     r.add_argument("--hardware", default=None, help="describe the hardware (default: from the host)")
+    r.add_argument("--tolerance-floor", type=float, default=None,
+                   help="minimum relative tolerance for this profile (e.g. 0.08): drift between machines or "
+                        "server starts that repeats within one run cannot show; written into the baseline")
     r.add_argument("--update", action="store_true", help="replace an existing baseline and print the diff")
     r.add_argument("--out", type=Path, default=None, help="runs root (default: runs/)")
     r.set_defaults(handler=_cmd_record)
@@ -46,6 +49,7 @@ def add_parsers(sub) -> None:
                         "server_args); the report lists them")
     g.add_argument("--point", type=_pairs, default={}, help="pair points: BASELINE=CANDIDATE[,...]")
     g.add_argument("--out", type=Path, default=None, help="where gate.md and gate.json go (default: the first run)")
+    g.add_argument("--baselines-dir", type=Path, default=None, help=argparse.SUPPRESS)  # tests: another root
     g.set_defaults(handler=_cmd_gate)
 
     c = sub.add_parser("compare", help="A/B: per-point ratios and geometric means of two run directories")
@@ -59,18 +63,19 @@ def add_parsers(sub) -> None:
 def _cmd_record(a) -> int:
     from harness.gates.record import record_baseline
 
-    _, diff = record_baseline(a.profile, a.repeats, a.preset, a.base_url, a.update, a.out, hardware=a.hardware)
+    _, diff = record_baseline(a.profile, a.repeats, a.preset, a.base_url, a.update, a.out, hardware=a.hardware,
+                              tolerance_floor=a.tolerance_floor)
     if diff:
         print(diff)
     return 0
 
 
 def _cmd_gate(a) -> int:
-    from harness.gates.baseline import load_baseline
+    from harness.gates.baseline import BASELINES_DIR, load_baseline
     from harness.gates.gate import gate, load_run, report_markdown, write_report
     from harness.metrics import Scoring
 
-    baseline = load_baseline(a.profile)
+    baseline = load_baseline(a.profile, a.baselines_dir or BASELINES_DIR)
     try:
         report = gate(baseline, [load_run(r) for r in a.runs], Scoring.load(), accept=a.accept_difference,
                       point_map=a.point)

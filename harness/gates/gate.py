@@ -35,6 +35,8 @@ class RunDir:
 
 def load_run(path: Path | str) -> RunDir:
     path = Path(path)
+    if not path.is_dir():
+        raise HarnessError(f"{path} is not a run directory: it does not exist (give a directory `qwen36 bench` wrote)")
     try:
         manifest = json.loads((path / "manifest.json").read_text())
         summary = json.loads((path / "summary.json").read_text())
@@ -43,8 +45,37 @@ def load_run(path: Path | str) -> RunDir:
                            "(run `qwen36 bench` to make one)") from e
     except json.JSONDecodeError as e:
         raise HarnessError(f"{path}: a JSON file is malformed ({e.msg}); the run may have been cut short") from e
-    points = {name: list(p.get("repeats") or []) for name, p in (summary.get("points") or {}).items()}
-    return RunDir(path, manifest, points)
+    return RunDir(path, _mapping(manifest, path / "manifest.json"), _points(summary, path / "summary.json"))
+
+
+def _mapping(value, where: Path) -> dict:
+    if not isinstance(value, dict):
+        raise HarnessError(f"{where}: expected a JSON object, found {type(value).__name__}; "
+                           "the run directory is not one `qwen36 bench` wrote")
+    return value
+
+
+def _points(summary, where: Path) -> dict[str, list[dict]]:
+    """summary.json's points -> repeats, checked: a malformed file is bad input (exit 2), not a crash."""
+    points = _mapping(summary, where).get("points") or {}
+    if not isinstance(points, dict):
+        raise HarnessError(f"{where}: 'points' is a {type(points).__name__}, expected an object of points")
+    out = {}
+    for name, point in points.items():
+        repeats = _mapping(point, where).get("repeats") or []
+        if not isinstance(repeats, list) or not all(isinstance(r, dict) for r in repeats):
+            raise HarnessError(f"{where}: point {name!r}: 'repeats' must be a list of per-repeat summaries")
+        out[name] = list(repeats)
+    return out
+
+
+def _numbers(repeats: list[dict], metric: str, where: str) -> list[float]:
+    values = [r.get(metric) for r in repeats if r.get(metric) is not None]
+    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float))]
+    if bad:
+        raise HarnessError(f"{where} {metric}: {bad[0]!r} is not a number; the run directory is corrupt, "
+                           "measure it again")
+    return values
 
 
 @dataclass
@@ -146,24 +177,28 @@ def gate(
     if baseline.imported:
         notes.append(f"baseline {baseline.profile!r} is imported ({baseline.recorded.get('note', 'single runs')}); "
                      "verdicts against it are conservative")
-    rows = []
-    alpha = family_alpha / max(1, len(pairs) * len(baseline.tolerances))
+    checks = []
     for base_name, cand_name in pairs:
-        for metric, tolerance in baseline.tolerances.items():
-            spec = REGISTRY[metric]
-            base_values = baseline.values(base_name, metric)
-            cand_values = [r[metric] for r in candidate[cand_name] if r.get(metric) is not None]
+        for metric in baseline.gated_metrics(base_name):
+            base_values = _numbers(baseline.points[base_name], metric, f"baseline {baseline.profile!r} {base_name}")
+            cand_values = _numbers(candidate[cand_name], metric, f"candidate point {cand_name}")
             if not base_values or not cand_values:
                 side = "baseline" if not base_values else "candidate"
                 notes.append(f"{cand_name} {metric}: the {side} has no value; not gated")
                 continue
-            decision = decide(base_values, cand_values, spec.direction, tolerance, alpha=alpha)
-            target = scoring.targets.get(metric)
-            rows.append(GateRow(
-                point=cand_name, metric=metric, unit=spec.unit, direction=spec.direction, tolerance=tolerance,
-                decision=decision, target=f"{target.op} {target.value:g}" if target else None,
-                target_met=target.met(decision.candidate) if target else None,
-            ))
+            checks.append((base_name, cand_name, metric, base_values, cand_values))
+    rows = []
+    alpha = family_alpha / max(1, len(checks))  # Bonferroni over the checks made
+    for base_name, cand_name, metric, base_values, cand_values in checks:
+        spec = REGISTRY[metric]
+        tolerance = baseline.tolerance(base_name, metric)
+        decision = decide(base_values, cand_values, spec.direction, tolerance, alpha=alpha)
+        target = scoring.targets.get(metric)
+        rows.append(GateRow(
+            point=cand_name, metric=metric, unit=spec.unit, direction=spec.direction, tolerance=tolerance,
+            decision=decision, target=f"{target.op} {target.value:g}" if target else None,
+            target_met=target.met(decision.candidate) if target else None,
+        ))
     return GateReport(baseline.profile, [str(r.path) for r in runs], rows, accepted, notes, family_alpha)
 
 
@@ -196,6 +231,8 @@ def report_markdown(report: GateReport) -> str:
         lines += ["", "Notes:"] + [f"- {n}" for n in notes]
     lines += ["", f"Rule: a regression is a worsening that is both significant (one-sided Welch t-test at "
               f"{report.family_alpha:g} / {max(1, len(report.rows))} checks, Bonferroni) and beyond the tolerance; "
+              "a relative tolerance of 5% means 5% worse: candidate / baseline <= 0.95 where higher is better, "
+              ">= 1.05 where lower is better; "
               "`underpowered` means the repeats cannot rule out a regression of the tolerance's size."]
     return "\n".join(lines) + "\n"
 

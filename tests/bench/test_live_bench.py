@@ -35,7 +35,7 @@ def test_bench_on_real_server_measures_decode_and_official_like(openai_server, t
         workloads=(Workload("decode-micro", (1, 2), requests=4, output_tokens=32),
                    Workload("official-like", (2,), requests=4, output_tokens=16)),
         base_url=openai_server.base_url, model=openai_server.model, out_root=tmp_path, show_progress=False,
-        tokenizer=tokenizer, timeout_s=300)
+        tokenizer=tokenizer, timeout_s=300, client_cpus=openai_server.client_cpus)
     run_dir = run_bench(cfg)
     summary = json.loads((run_dir / "summary.json").read_text())
     for name in ("decode-micro@c1", "decode-micro@c2", "official-like@c2"):
@@ -63,9 +63,12 @@ def test_ttft_and_tpot_agree_with_vllm_benchmark_client(openai_server, record_pr
     output event instead of the finish chunk: within 1 ms. A client that timed [DONE] as the first event or
     divided by output events instead of tokens fails the same-definition checks."""
     pytest.importorskip("vllm.benchmarks.lib.endpoint_request_func")
+    from harness.placement import client_on
     from harness.vllm_agreement import compare_with_vllm_bench
 
-    a = compare_with_vllm_bench(openai_server.base_url, openai_server.model, requests=16, output_tokens=64, pairs=2)
+    with client_on(openai_server.client_cpus):  # the core the server's layout leaves to clients
+        a = compare_with_vllm_bench(openai_server.base_url, openai_server.model, requests=16, output_tokens=64,
+                                    pairs=2)
     record_property("agreement", json.dumps(a.as_dict()))
     print(json.dumps(a.as_dict(), indent=2))
     # Pairs the server flushed at once time the server, not the clients: left out, but enough must remain.

@@ -14,6 +14,6 @@ def measure(server: ServerInfo, out_root: Path, label: str, repeats: int = 1, ba
     cfg = BenchConfig(
         workloads=PRESETS[preset], base_url=base_url or server.base_url, model=server.model, repeats=repeats,
         out_root=out_root, label=label, show_progress=False, server_command=server.command,
-        model_dir=Path(server.model_dir) if server.model_dir else None,
+        model_dir=Path(server.model_dir) if server.model_dir else None, client_cpus=server.client_cpus,
     )
     return run_bench(cfg)

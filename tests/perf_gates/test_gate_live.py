@@ -1,11 +1,17 @@
-"""Perf gates against a live server (the BI-V100 deployment): one test per gated metric.
+"""Perf gates against a live server (the BI-V100 deployment), from any client machine: one test per gated metric.
 
-    pytest tests/perf_gates -m gpu --server-url http://HOST:PORT --baseline-profile bi-v100-tp4-245k
+    pytest tests/perf_gates/test_gate_live.py --server-url http://HOST:PORT --baseline-profile bi-v100-tp4-245k
+    pytest tests/perf_gates/test_gate_live.py --server-url http://HOST:PORT --baseline-profile cpu-tiny \
+        --gate-repeats 5
 
-The profile's workload preset is run `--gate-repeats` times (default 3) against the server; each gated metric
-is one test, failing on a regression. The report (gate.md, gate.json) lands in the run directory.
+Marked `live` (skipped without --server-url), not `gpu`: the client needs no accelerator, the server has it.
+The profile's workload preset (`identity.workload.preset`) is run `--gate-repeats` times (default 3) against
+the server; each gated metric is one test, failing on a regression. The report (gate.md, gate.json) lands in
+the run directory.
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +20,7 @@ from harness.gates.baseline import load_baseline, load_policy
 from harness.gates.gate import gate, load_run, report_markdown, write_report
 from harness.metrics import Scoring
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timing]
+pytestmark = [pytest.mark.live, pytest.mark.timing]
 
 
 @pytest.fixture(scope="module")
@@ -22,11 +28,13 @@ def live_report(pytestconfig, tmp_path_factory):
     url, profile = pytestconfig.getoption("--server-url"), pytestconfig.getoption("--baseline-profile")
     if not url or not profile:
         pytest.skip("live perf gates need --server-url URL and --baseline-profile NAME")
-    baseline = load_baseline(profile)
-    preset = (baseline.identity.get("workload") or {}).get("preset", "gate")
-    if preset not in PRESETS:
-        pytest.fail(f"baseline {profile!r} names workload preset {preset!r}, which harness.bench does not have")
-    run = run_bench(BenchConfig(workloads=PRESETS[preset], base_url=url, repeats=3,
+    repeats = pytestconfig.getoption("--gate-repeats")
+    if repeats < 1:
+        pytest.fail(f"--gate-repeats {repeats}: give at least 1 (3 or more, so the gate knows the server's noise)")
+    root = pytestconfig.getoption("--baselines-dir")
+    # Names its workload preset, or says how to fix the file.
+    baseline = load_baseline(profile, **({"root": Path(root)} if root else {}))
+    run = run_bench(BenchConfig(workloads=PRESETS[baseline.workload_preset], base_url=url, repeats=repeats,
                                 out_root=tmp_path_factory.mktemp("live"), label=f"gate-{profile}",
                                 show_progress=False))
     report = gate(baseline, [load_run(run)], Scoring.load(), accept=pytestconfig.getoption("--accept-difference"))

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from harness.client import RequestRecord
 from harness.errors import HarnessError
-from harness.metrics import REGISTRY, Scoring, percentile, summarize, target_distance
+from harness.metrics import REGISTRY, Scoring, percentile, stall_kind, summarize, target_distance
 
 
 def test_weighted_throughput_reproduces_the_ledger_row():
@@ -95,4 +95,42 @@ def test_stream_delivered_in_one_burst_is_flagged():
     burst = _rec(0, 0, 500, 500, 501, prompt=10, completion=64, cached=0)  # 64 tokens in 0 ms
     steady = _rec(1, 0, 100, 730, 731, prompt=10, completion=64, cached=0)
     s = summarize([burst, steady], Scoring.load())
-    assert s["bursty_requests"] == 1 and any("held the stream back" in n for n in s["notes"])
+    assert s["bursty_requests"] == 1 and any("read in one burst" in n for n in s["notes"])
+
+
+def _stream(i, offsets_ms, ttft_ms=50):
+    """A 200-OK record whose output events arrived at `offsets_ms` after the first one."""
+    n = len(offsets_ms)
+    r = _rec(i, 0, ttft_ms, ttft_ms + offsets_ms[-1], ttft_ms + offsets_ms[-1] + 1, prompt=10, completion=n,
+             cached=0)
+    r.output_offsets_us = [int(o * 1000) for o in offsets_ms]
+    return r
+
+
+def test_mid_stream_gap_followed_by_a_burst_is_a_stall_and_a_steady_stream_is_not():
+    steady = _stream(0, [5 * k for k in range(64)])
+    stalled = _stream(1, [5 * k for k in range(20)] + [95 + 300 + 0.02 * k for k in range(44)])
+    assert stall_kind(steady) is None
+    assert stall_kind(stalled) == "gap"
+    assert stalled.max_gap_s == pytest.approx(0.300, abs=1e-5)
+
+
+def test_long_gap_without_a_burst_after_it_is_not_a_stall():
+    # A tool parser that holds 60 tokens back, then sends one delta and goes on at the decode pace.
+    held = _stream(0, [5 * k for k in range(10)] + [45 + 300 + 5 * k for k in range(20)])
+    assert stall_kind(held) is None
+    s = summarize([held], Scoring.load())
+    assert s["stalled_requests"] == 0 and s["gap_over_100ms_requests"] == 1
+
+
+def test_stalled_requests_leave_the_timing_percentiles_only_when_asked_and_are_always_counted():
+    steady = [_stream(i, [5 * k for k in range(64)], ttft_ms=40) for i in range(3)]
+    stalled = _stream(9, [5 * k for k in range(10)] + [45 + 400 + 0.02 * k for k in range(54)], ttft_ms=900)
+    kept = summarize(steady + [stalled], Scoring.load())
+    left_out = summarize(steady + [stalled], Scoring.load(), exclude_stalled=True)
+    assert kept["stalled_requests"] == left_out["stalled_requests"] == 1
+    assert kept["ttft_p99"] > 0.5 and left_out["ttft_p99"] == pytest.approx(0.040)
+    assert left_out["stalled_excluded"] == 1 and kept["stalled_excluded"] == 0
+    # Run-level metrics keep every successful request either way.
+    assert kept["agg_output_tps"] == left_out["agg_output_tps"] and left_out["successes"] == 4
+    assert any("left out of TTFT" in n for n in left_out["notes"])
