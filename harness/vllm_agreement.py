@@ -1,23 +1,21 @@
 """Cross-check: the same workload measured by vLLM's own benchmark client (`vllm.benchmarks`) and by ours.
 
-Each round sends `pairs` prompts through both clients at the same time (concurrency 2 x pairs), so the two
-requests of a pair share the prompt and the server's state. Why concurrent rather than at concurrency 1:
-on a 2-core CPU server a lone request is often flushed at once at the end (TPOT ~ 0 for both clients, which
-would make the TPOT comparison vacuous); a few concurrent streams are delivered token by token.
+Each prompt is sent by both clients in turn, one request at a time on an idle server (which client goes
+first alternates), so each request is prefilled alone and the pair's difference is the clients' own.
+Why not both at once: the engine starts a step the moment the first request of a round arrives, and the
+other, a millisecond later, waits for the next step (a tiny-model prefill step takes about 90 ms on two
+cores); the pair's TTFTs then differ by a whole step in the direction of the send order, and the paired
+median swung by +-100 ms (CI saw +112 ms; a pacer stream keeping the engine busy made it +145 ms). Sending
+one at a time used to be ruled out because a lone stream was often read in one burst; the process
+placement of harness/placement.py removed that (no stall in 200 streams at c=1).
 The known differences by definition:
 - TTFT: vLLM starts at the first chunk with `choices`, which is the role-only chunk; ours at the first
   chunk carrying output. vLLM's is never larger.
 - TPOT: vLLM uses (last chunk with `choices` - TTFT) / (output_tokens - 1); the last chunk with choices is
   the finish chunk (empty delta), ours is the last output event; both divide by usage.completion_tokens.
-Pairs where the server held either stream back and flushed it at once (TPOT under `BURST_TPOT_S` on either
-side) time the server's flush, not the clients: they are counted and left out, and rounds continue until
-`requests` comparable pairs are in or `max_requests` pairs were sent.
-
-A pacer stream keeps the engine busy for the whole measurement. Without it, an idle engine starts a step
-the moment the first request of a round arrives, and the others, a millisecond later, wait for the next
-step (a tiny-model prefill step takes about 90 ms on two cores): the pair's TTFTs then differ by one
-step, in the direction of whichever client sent first, and the paired median swings by +-100 ms with the
-send order (seen in CI: +112 ms). With the engine mid-step, the whole round waits for the same next step.
+Pairs where either stream was read in one burst (TPOT under `BURST_TPOT_S` on either side) time the
+delivery, not the clients: they are counted and left out, and prompts continue until `requests`
+comparable pairs are in or `max_requests` pairs were sent.
 """
 from __future__ import annotations
 
@@ -37,7 +35,7 @@ class Agreement:
     sent by both clients at the same time."""
     requests: int
     output_tokens: int
-    pairs_per_round: int
+    pairs_per_round: int  # requests in flight at once per client (1: one at a time)
     ours_ttft_median_s: float
     ours_vdef_ttft_median_s: float
     vllm_ttft_median_s: float
@@ -55,7 +53,7 @@ class Agreement:
         return asdict(self)
 
 
-async def _measure(base_url: str, model: str, requests: int, output_tokens: int, pairs: int,
+async def _measure(base_url: str, model: str, requests: int, output_tokens: int,
                    max_requests: int) -> Agreement:
     import aiohttp
     from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_chat_completions
@@ -84,34 +82,26 @@ async def _measure(base_url: str, model: str, requests: int, output_tokens: int,
 
     sent = held_back = 0
     async with make_http_client(cfg) as http, aiohttp.ClientSession() as session:
-        pacer = asyncio.create_task(_pace(http, cfg))
-        await asyncio.sleep(0.5)  # until the pacer is decoding
-        start = 0
+        i = 0
         while len(ours_ttft) < requests and sent < max_requests:
-            batch = [(i, data.items[i % len(data.items)]) for i in range(start, start + pairs)]
-            mine = [ours(http, i, it.body) for i, it in batch]
-            other = [theirs(session, i, it.body) for i, it in batch]
-            # Alternate which client sends first: the server schedules in arrival order, and the first
-            # request of a round may be prefilled alone, a step ahead of the rest.
-            if (start // pairs) % 2:
-                res = await asyncio.gather(*other, *mine)
-                results = res[len(batch):] + res[:len(batch)]
+            body = data.items[i % len(data.items)].body
+            if i % 2:
+                vllm_t, vllm_p = await theirs(session, i, body)
+                t, p, vt, vp = await ours(http, i, body)
             else:
-                results = await asyncio.gather(*mine, *other)
-            sent += len(batch)
-            start += pairs
-            for (t, p, vt, vp), (vllm_t, vllm_p) in zip(results[:len(batch)], results[len(batch):]):
-                if min(p, vp, vllm_p) < BURST_TPOT_S:
-                    held_back += 1
-                    continue
-                ours_ttft.append(t)
-                ours_tpot.append(p)
-                ours_vttft.append(vt)
-                ours_vtpot.append(vp)
-                vllm_ttft.append(vllm_t)
-                vllm_tpot.append(vllm_p)
-        pacer.cancel()
-        await asyncio.gather(pacer, return_exceptions=True)
+                t, p, vt, vp = await ours(http, i, body)
+                vllm_t, vllm_p = await theirs(session, i, body)
+            sent += 1
+            i += 1
+            if min(p, vp, vllm_p) < BURST_TPOT_S:
+                held_back += 1
+                continue
+            ours_ttft.append(t)
+            ours_tpot.append(p)
+            ours_vttft.append(vt)
+            ours_vtpot.append(vp)
+            vllm_ttft.append(vllm_t)
+            vllm_tpot.append(vllm_p)
     if not ours_ttft:
         raise RuntimeError(f"the server held back one stream of every one of {sent} pairs: no pair to compare "
                            "(see harness.metrics.BURST_TPOT_S)")
@@ -121,20 +111,12 @@ async def _measure(base_url: str, model: str, requests: int, output_tokens: int,
         return med([a - b for a, b in zip(xs, ys)])
 
     return Agreement(
-        len(ours_ttft), output_tokens, pairs, med(ours_ttft), med(ours_vttft), med(vllm_ttft), med(ours_tpot),
+        len(ours_ttft), output_tokens, 1, med(ours_ttft), med(ours_vttft), med(vllm_ttft), med(ours_tpot),
         med(ours_vtpot), med(vllm_tpot), diff(ours_ttft, vllm_ttft), diff(ours_tpot, vllm_tpot),
         diff(ours_vttft, vllm_ttft), diff(ours_vtpot, vllm_tpot), sent, held_back)
 
 
-async def _pace(http, cfg: ClientConfig) -> None:
-    """Long greedy decodes, one after another, until cancelled."""
-    body = {"messages": [{"role": "user", "content": "pace"}], "max_tokens": 4000, "min_tokens": 4000,
-            "ignore_eos": True, "temperature": 0}
-    while True:
-        await stream_request(http, cfg, body, "pacer")
-
-
 def compare_with_vllm_bench(base_url: str, model: str, requests: int = 16, output_tokens: int = 64,
-                            pairs: int = 2, max_requests: int = 96) -> Agreement:
+                            max_requests: int = 96) -> Agreement:
     """`requests` comparable pairs (both streams streamed), sending at most `max_requests` pairs."""
-    return asyncio.run(_measure(base_url.rstrip("/"), model, requests, output_tokens, pairs, max_requests))
+    return asyncio.run(_measure(base_url.rstrip("/"), model, requests, output_tokens, max_requests))
