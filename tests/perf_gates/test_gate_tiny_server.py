@@ -10,7 +10,7 @@ own, nothing between it and the client:
 | control | nothing (the session's server) | none |
 | slower decode | `--enforce-eager`: no torch.compile, every step op by op | output_tps_p10, weighted_throughput |
 | prefix caching off | `--no-enable-prefix-caching`: every prompt prefilled in full | cache_hit_rate, ttft_p90 |
-| live path by URL | a profile recorded by URL on the session's server, then the eager server | output_tps_p10 (exit 1) |
+| live path by URL | a profile recorded by URL on the session's server, then the no-cache server | cache_hit_rate (exit 1) |
 
 The measured change of each is printed beside its verdict (`-s`); docs/perf-gates.md has the table of
 measured changes. The live path (`test_gate_live.py`, marker `live`) is proven as a user on another machine
@@ -110,15 +110,22 @@ def test_slower_decode_is_caught_on_output_tps_and_weighted_throughput(eager_ser
     assert "output_tps_p10" in metrics and "weighted_throughput" in metrics, report_markdown(report)
 
 
-def test_prefix_caching_off_is_caught_on_cache_hit_rate_and_ttft(openai_server, tmp_path):
-    # Without a prefix cache every official-like prompt prefills in full (TTFT about 7x), so this candidate
-    # is one repeat with no warm-up (there is no cache to warm): the gate then takes the noise from the
-    # baseline's repeats, and a 94-point drop in hit rate stands far beyond it.
-    server = started(openai_server, tmp_path / "server.log", extra_args=("--no-enable-prefix-caching",))
+@pytest.fixture(scope="module")
+def no_prefix_cache_server(openai_server, tmp_path_factory):
+    """The session's server with `--no-enable-prefix-caching`: every official-like prompt prefills in full."""
+    server = started(openai_server, tmp_path_factory.mktemp("no-cache") / "server.log",
+                     extra_args=("--no-enable-prefix-caching",))
     try:
-        run = measure(info(server, openai_server), tmp_path, "no-prefix-cache")
+        yield info(server, openai_server)
     finally:
         server.stop()
+
+
+def test_prefix_caching_off_is_caught_on_cache_hit_rate_and_ttft(no_prefix_cache_server, tmp_path):
+    # Full prefills make TTFT about 14x, so this candidate is one repeat with no warm-up (there is no cache
+    # to warm): the gate then takes the noise from the baseline's repeats, and a 94-point drop in hit rate
+    # stands far beyond it.
+    run = measure(no_prefix_cache_server, tmp_path, "no-prefix-cache")
     report = gate_report(run, accept=("server_args",))
     assert ("official-like@c1", "cache_hit_rate") in flagged(report), report_markdown(report)
     assert ("official-like@c1", "ttft_p90") in flagged(report), report_markdown(report)
@@ -133,21 +140,26 @@ def _live_gate(url: str, profile: str, baselines: Path, out: Path, repeats: int)
     return subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
-def test_live_gate_by_url_passes_on_its_own_profile_and_fails_on_the_slower_server(openai_server, eager_server,
-                                                                                    tmp_path):
+# The by-URL profile's floor: one server's decode-micro Output TPS P10 went 111 -> 77 -> 102 tok/s within three
+# minutes (recording, live gate, a bench run after it; 2026-12-01), a swing its own 3 repeats cannot show.
+BY_URL_FLOOR = 0.4
+
+
+def test_live_gate_by_url_passes_on_its_own_profile_and_fails_without_prefix_caching(
+        openai_server, no_prefix_cache_server, tmp_path):
     """The live path as a user runs it: a profile recorded against a server by URL, then the live gate by
-    URL from a pytest that never started a server: it passes on that server, and fails (exit 1, the Output
-    TPS test failing) on the slower one."""
+    URL from a pytest that never started a server: it passes on that server, and fails (exit 1, the cache
+    hit test failing) on the server without prefix caching."""
     baselines = tmp_path / "baselines"
     with client_on(openai_server.client_cpus):  # the nested pytest inherits this process's cores
         record_baseline("tiny-by-url", repeats=CI_REPEATS, base_url=openai_server.base_url, root=baselines,
-                        out_root=tmp_path / "record")
+                        out_root=tmp_path / "record", tolerance_floor=BY_URL_FLOOR)
         same = _live_gate(openai_server.base_url, "tiny-by-url", baselines, tmp_path / "same", CI_REPEATS)
-        slower = _live_gate(eager_server.base_url, "tiny-by-url", baselines, tmp_path / "slower", SLOW_REPEATS)
-    print(same.stdout[-3000:], slower.stdout[-3000:], sep="\n")
+        regressed = _live_gate(no_prefix_cache_server.base_url, "tiny-by-url", baselines, tmp_path / "regressed", 1)
+    print(same.stdout[-3000:], regressed.stdout[-3000:], sep="\n")
     assert same.returncode == 0, same.stdout[-5000:] + same.stderr[-2000:]
     assert "5 passed" in same.stdout, same.stdout[-3000:]
-    assert slower.returncode == 1, slower.stdout[-5000:] + slower.stderr[-2000:]
-    # -q names only failures in its summary: the Output TPS test must be one.
-    failed = "FAILED tests/perf_gates/test_gate_live.py::test_live_server_does_not_regress[output_tps_p10]"
-    assert failed in slower.stdout, slower.stdout[-3000:]
+    assert regressed.returncode == 1, regressed.stdout[-5000:] + regressed.stderr[-2000:]
+    # -q names only failures in its summary: the cache-hit test must be one.
+    failed = "FAILED tests/perf_gates/test_gate_live.py::test_live_server_does_not_regress[cache_hit_rate]"
+    assert failed in regressed.stdout, regressed.stdout[-3000:]
