@@ -1,7 +1,8 @@
 """Cross-check: the same workload measured by vLLM's own benchmark client (`vllm.benchmarks`) and by ours.
 
-Each prompt is sent by both clients in turn, one request at a time on an idle server (which client goes
-first alternates), so each request is prefilled alone and the pair's difference is the clients' own.
+Each prompt is sent by both clients in turn, one request at a time, in both orders (ours, theirs, theirs,
+ours): each request is prefilled alone, an order effect cancels in the pair's mean, and the difference is
+the clients' own.
 Why not both at once: the engine starts a step the moment the first request of a round arrives, and the
 other, a millisecond later, waits for the next step (a tiny-model prefill step takes about 90 ms on two
 cores); the pair's TTFTs then differ by a whole step in the direction of the send order, and the paired
@@ -85,23 +86,23 @@ async def _measure(base_url: str, model: str, requests: int, output_tokens: int,
         i = 0
         while len(ours_ttft) < requests and sent < max_requests:
             body = data.items[i % len(data.items)].body
-            if i % 2:
-                vllm_t, vllm_p = await theirs(session, i, body)
-                t, p, vt, vp = await ours(http, i, body)
-            else:
-                t, p, vt, vp = await ours(http, i, body)
-                vllm_t, vllm_p = await theirs(session, i, body)
+            # Both orders per prompt (a crossover): whatever the second request of a pair gains or loses from
+            # following the first (an engine still spinning, a warm cache) cancels in the pair's mean.
+            t1, p1, vt1, vp1 = await ours(http, i, body)
+            vllm_t1, vllm_p1 = await theirs(session, i, body)
+            vllm_t2, vllm_p2 = await theirs(session, i, body)
+            t2, p2, vt2, vp2 = await ours(http, i, body)
             sent += 1
             i += 1
-            if min(p, vp, vllm_p) < BURST_TPOT_S:
+            if min(p1, p2, vp1, vp2, vllm_p1, vllm_p2) < BURST_TPOT_S:
                 held_back += 1
                 continue
-            ours_ttft.append(t)
-            ours_tpot.append(p)
-            ours_vttft.append(vt)
-            ours_vtpot.append(vp)
-            vllm_ttft.append(vllm_t)
-            vllm_tpot.append(vllm_p)
+            ours_ttft.append((t1 + t2) / 2)
+            ours_tpot.append((p1 + p2) / 2)
+            ours_vttft.append((vt1 + vt2) / 2)
+            ours_vtpot.append((vp1 + vp2) / 2)
+            vllm_ttft.append((vllm_t1 + vllm_t2) / 2)
+            vllm_tpot.append((vllm_p1 + vllm_p2) / 2)
     if not ours_ttft:
         raise RuntimeError(f"the server held back one stream of every one of {sent} pairs: no pair to compare "
                            "(see harness.metrics.BURST_TPOT_S)")
