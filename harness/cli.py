@@ -11,24 +11,22 @@ from pathlib import Path
 from harness.errors import HarnessError
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def _int_list(text: str, minimum: int, what: str, example: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers like 1,2,4") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers like 1,2,4")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated {what} like {example}") from None
+    if not values or min(values) < minimum:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {what} >= {minimum} like {example}")
     return values
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return _int_list(text, 1, "positive integers", "1,2,4")
 
 
 def _cpus(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated core ids like 1 or 2,3") from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected core ids >= 0 like 1 or 2,3")
-    return values
+    return _int_list(text, 0, "core ids", "1 or 2,3")
 
 
 def _parser() -> argparse.ArgumentParser:
