@@ -69,28 +69,33 @@ def _describe_host(host: dict) -> str:
 
 def record_baseline(profile: str, repeats: int, preset: str = "gate", base_url: str | None = None,
                     update: bool = False, out_root: Path | None = None, root: Path = BASELINES_DIR,
-                    hardware: str | None = None, tolerance_floor: float | None = None) -> tuple[Baseline, str]:
+                    hardware: str | None = None, tolerance_floor: float | None = None,
+                    warmups: int = WARM_REPEATS) -> tuple[Baseline, str]:
     if repeats < 2:
         raise HarnessError(f"--repeats {repeats}: a baseline needs at least 2 repeats to know its noise (5 advised)")
     if preset not in PRESETS:
         raise HarnessError(f"--preset {preset!r}: choose one of {', '.join(PRESETS)}")
     if tolerance_floor is not None and not 0 < tolerance_floor < 1:  # before the bench, as below
         raise HarnessError(f"--tolerance-floor {tolerance_floor}: a fraction between 0 and 1 (0.08 for 8%)")
+    if warmups < 0:
+        raise HarnessError(f"--warmups {warmups}: give 0 or more warm-up repeats ({WARM_REPEATS} for a fresh server)")
     path = baseline_path(profile, root)
     if path.exists() and not update:  # checked before the bench, not after minutes of measuring
         raise HarnessError(f"{path} exists; pass --update to replace it (the diff is printed)")
-    # WARM_REPEATS extra repeats first, measured and kept in the run directory but not in the baseline.
-    cfg = BenchConfig(workloads=PRESETS[preset], base_url=base_url, repeats=repeats + WARM_REPEATS,
+    # `warmups` extra repeats first, measured and kept in the run directory but not in the baseline.
+    cfg = BenchConfig(workloads=PRESETS[preset], base_url=base_url, repeats=repeats + warmups,
                       label=f"baseline-{profile}",
                       **({"out_root": out_root} if out_root else {}))
     run_dir = run_bench(cfg)
     how = f"qwen36 baseline record --profile {profile} --repeats {repeats} --preset {preset}" + (
         f" --base-url {base_url}" if base_url else "") + (
-        f" --tolerance-floor {tolerance_floor}" if tolerance_floor is not None else "")
-    baseline = baseline_from_runs(profile, [run_dir], preset, how, hardware, skip_first=WARM_REPEATS,
+        f" --tolerance-floor {tolerance_floor}" if tolerance_floor is not None else "") + (
+        f" --warmups {warmups}" if warmups != WARM_REPEATS else "")
+    baseline = baseline_from_runs(profile, [run_dir], preset, how, hardware, skip_first=warmups,
                                   tolerance_floor=tolerance_floor, candidate_repeats=GATE_REPEATS)
-    baseline.recorded["note"] = (f"the first {WARM_REPEATS} repeats of each point warmed the server and are not in "
-                                 "the baseline")
+    if warmups:
+        baseline.recorded["note"] = (f"the first {warmups} repeats of each point warmed the server and are not in "
+                                     "the baseline")
     diff = save_baseline(baseline, root, update=update)
     print(f"baseline {profile!r} written to {path} from {run_dir}", file=sys.stderr)
     return baseline, diff

@@ -73,3 +73,10 @@ def test_runs_not_comparable_exit_2_naming_the_difference(setup, capsys):
     assert gate_cli(baselines, run) == 2
     err = capsys.readouterr().err
     assert "is not comparable" in err and "datasets" in err and "--accept-difference" in err
+
+
+def test_baseline_record_refuses_negative_warmups_before_measuring(tmp_path, capsys):
+    # No server is given or started: the check comes before the bench.
+    code = main(["baseline", "record", "--profile", "p", "--warmups", "-1", "--base-url", "http://127.0.0.1:9",
+                 "--out", str(tmp_path)])
+    assert code == 2 and "--warmups -1" in capsys.readouterr().err

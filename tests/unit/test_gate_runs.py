@@ -91,6 +91,24 @@ def test_other_dataset_is_refused_with_the_difference_named_unless_accepted(tmp_
         gate(baseline, [other], SCORING, accept=["dataset"])
 
 
+def test_candidate_of_fewer_workloads_is_gated_on_those_and_says_which_points_were_not(tmp_path):
+    rng = np.random.default_rng(4)
+    datasets = [{"name": "decode-micro", "sha256": "abc"}, {"name": "official-like", "sha256": "def"}]
+    base = write_run(tmp_path, "base", {"decode@c1": [repeat(rng) for _ in range(3)],
+                                        "official@c1": [repeat(rng) for _ in range(3)]})
+    manifest = json.loads((base / "manifest.json").read_text())
+    (base / "manifest.json").write_text(json.dumps({**manifest, "datasets": datasets}))
+    baseline = baseline_from(load_run(base))
+    part = make_run(tmp_path, "part", {"decode@c1": [repeat(rng) for _ in range(3)]})  # decode-micro "abc" only
+    report = gate(baseline, [part], SCORING)
+    assert not report.accepted_differences and {r.point for r in report.rows} == {"decode@c1"}
+    assert any("'official@c1' has no candidate: not gated" in n for n in report.notes)
+    # A dataset the baseline does not hold is still another setup.
+    other = make_run(tmp_path, "other", {"decode@c1": [repeat(rng) for _ in range(3)]}, dataset=("decode-micro", "zzz"))
+    with pytest.raises(NotComparable, match="datasets"):
+        gate(baseline, [other], SCORING)
+
+
 def ledger_dataset():
     """The dataset preset bi-v100-ledger sends (as against a remote server: prompts sized at 4 chars a token)."""
     (point,) = build_points(BenchConfig(workloads=PRESETS["bi-v100-ledger"]), ds.approx_token_count)
