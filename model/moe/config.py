@@ -4,9 +4,9 @@
 |---------------------------|---------------|------------------------|------------|
 | MOE_NATIVE                | native        | 1/0 (true/false/on/off)| 1          |
 | MOE_DECODE_NATIVE         | decode_native | 1/0                    | 1          |
-| ENGINEX_MOE_TINY_IMPL     | tiny_impl     | tokenwise, bmm         | tokenwise  |
+| ENGINEX_MOE_TINY_IMPL     | tiny_impl     | tokenwise, bmm, triton | tokenwise  |
 | ENGINEX_MOE_TINY_MAX      | tiny_max      | integer 0..4096        | 4          |
-| ENGINEX_MOE_PREFILL_IMPL  | prefill_impl  | sorted, grouped_mm     | sorted     |
+| ENGINEX_MOE_PREFILL_IMPL  | prefill_impl  | sorted, grouped_mm, triton | sorted |
 
 Defaults are the settled values of the engineering notes (tokenwise, TINY_MAX=4). `MOE_NATIVE=0` routes
 every token count to the unoptimised definition (in the vLLM plugin: vLLM's own fused MoE stays in place).
@@ -19,8 +19,10 @@ from typing import Mapping
 
 __all__ = ["MoEConfig", "MoEConfigError", "TINY_IMPLS", "PREFILL_IMPLS"]
 
-TINY_IMPLS = {"tokenwise": "tiny_tokenwise", "bmm": "tiny_bmm"}
-PREFILL_IMPLS = {"sorted": "sorted", "grouped_mm": "grouped_mm"}
+# `triton` needs Triton on a GPU (model/moe/triton_paths.py); a dispatch table (model/dispatch_table.py)
+# normally picks it there, the knob forces it.
+TINY_IMPLS = {"tokenwise": "tiny_tokenwise", "bmm": "tiny_bmm", "triton": "triton_decode"}
+PREFILL_IMPLS = {"sorted": "sorted", "grouped_mm": "grouped_mm", "triton": "triton_grouped"}
 TINY_MAX_LIMIT = 4096
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -16,6 +16,8 @@ from typing import Callable, Iterable
 import torch
 import torch.nn.functional as F
 
+from .triton_paths import experts_triton_decode, experts_triton_grouped, triton_runs_on
+
 __all__ = [
     "ExpertPath",
     "EXPERT_PATHS",
@@ -246,6 +248,23 @@ _register_builtin(
             dtypes=LOW_PRECISION,  # torch._grouped_mm has no float64 kernel
             available=_grouped_mm_available,
             description="tokens sorted by expert, torch._grouped_mm",
+        ),
+        ExpertPath(
+            "triton_decode",
+            experts_triton_decode,
+            # Each pair reads its expert's weights, so past a few hundred tokens the grouped paths win by
+            # far; the cap keeps sweeps over T from timing that hopeless range.
+            max_tokens=256,
+            dtypes=LOW_PRECISION,
+            available=triton_runs_on,
+            description="Triton, two kernels: gate-up+SiLU per (token, expert) pair, down + top-k sum per token",
+        ),
+        ExpertPath(
+            "triton_grouped",
+            experts_triton_grouped,
+            dtypes=LOW_PRECISION,
+            available=triton_runs_on,
+            description="Triton: pairs grouped by expert on the device, grouped GEMMs, capturable",
         ),
     ]
 )

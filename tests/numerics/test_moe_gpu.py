@@ -15,6 +15,7 @@ import torch
 from hypothesis import strategies as st
 
 from model.moe import EXPERT_PATHS, MoEConfig, moe_block
+from model.moe.experts import experts_reference
 from model.tp import moe_block_tp
 from tests.numerics import tolerances
 from tests.numerics.compare import assert_close, poisoned_like
@@ -119,3 +120,75 @@ def teardown_module(module):
         REPORT["torch"] = torch.__version__
         with open(os.path.join(directory, "moe_gpu.json"), "w") as f:
             json.dump(REPORT, f, indent=2, sort_keys=True)
+
+
+# --- the Triton paths: available here, and capturable in a CUDA graph ------------------------------------
+
+TRITON_PATHS = ("triton_decode", "triton_grouped")
+
+
+@pytest.mark.parametrize("name", TRITON_PATHS)
+def test_triton_path_is_available_on_the_gpu(name):
+    """Otherwise every test above would leave it out without a word."""
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        assert EXPERT_PATHS[name].supports(1, dtype, DEVICE), f"{name} is not available for {dtype} on {DEVICE}"
+
+
+def _real_inputs(tokens: int, pattern: str, seed: int, dtype=torch.bfloat16):
+    case = MoECase(tokens=tokens, pattern=pattern, seed=seed, **REAL)
+    weights, ids = make_routing(case, DEVICE)
+    return make_hidden(case, dtype, DEVICE), weights, ids
+
+
+@pytest.mark.parametrize(
+    ("name", "tokens"),
+    [("triton_decode", t) for t in (1, 8, 64)] + [("triton_grouped", t) for t in (8, 512, 4096)],
+)
+def test_triton_path_replays_in_a_cuda_graph_on_new_routing(name, tokens):
+    """Captured once, then replayed on other inputs copied into the captured buffers (including a skewed
+    routing whose per-expert counts differ from the captured one): each replay writes every element of the
+    NaN-poisoned out, equals the eager call bit for bit, and is within the bound of the float64 reference.
+    A path that read the counts on the host or kept them in the graph would fail the skewed replay."""
+    dtype = torch.bfloat16
+    path = EXPERT_PATHS[name]
+    w = make_moe_weights(MoECase(tokens=tokens, pattern="random", seed=0, **REAL), dtype, DEVICE)
+    x, weights, ids = _real_inputs(tokens, "random", seed=1)
+    out = poisoned_like(x.shape, dtype, DEVICE)
+
+    side = torch.cuda.Stream()  # warm-up (compiles the kernels) off the capture stream, as torch requires
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        path.fn(x, w.w13, w.w2, weights, ids, out)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        path.fn(x, w.w13, w.w2, weights, ids, out)
+
+    bound = tolerances.expert_path_tolerance(name, dtype)
+    for pattern, seed in (("random", 2), ("skewed", 3), ("random", 1)):
+        new_x, new_weights, new_ids = _real_inputs(tokens, pattern, seed)
+        x.copy_(new_x)
+        weights.copy_(new_weights)
+        ids.copy_(new_ids)
+        out.fill_(float("nan"))
+        graph.replay()
+        eager = path.fn(new_x, w.w13, w.w2, new_weights, new_ids, poisoned_like(x.shape, dtype, DEVICE))
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all(), f"{name} T={tokens} {pattern}: the replay left elements unwritten"
+        assert torch.equal(out, eager), f"{name} T={tokens} {pattern}: replay differs from the eager call"
+        ref = experts_reference(new_x, w.w13, w.w2, new_weights, new_ids, poisoned_like(x.shape, torch.float64, DEVICE))
+        err = assert_close(out, ref, bound, f"{name} T={tokens} {pattern} graph replay")
+        REPORT["errors"][f"{name}/graph/bfloat16/T{tokens}/{pattern}"] = err
+
+
+@pytest.mark.parametrize("tokens", [4096, 8192])
+def test_triton_grouped_at_prefill_sizes_equals_reference(tokens):
+    """Past the 512 tokens the hypothesis test draws: every routing pattern, bf16, poisoned out."""
+    path = EXPERT_PATHS["triton_grouped"]
+    w = make_moe_weights(MoECase(tokens=tokens, pattern="random", seed=0, **REAL), torch.bfloat16, DEVICE)
+    for pattern in ROUTING_PATTERNS:
+        x, weights, ids = _real_inputs(tokens, pattern, seed=tokens)
+        out = path.fn(x, w.w13, w.w2, weights, ids, poisoned_like(x.shape, torch.bfloat16, DEVICE))
+        ref = experts_reference(x, w.w13, w.w2, weights, ids, poisoned_like(x.shape, torch.float64, DEVICE))
+        err = assert_close(out, ref, tolerances.expert_path_tolerance(path.name, torch.bfloat16), f"T={tokens} {pattern}")
+        REPORT["errors"][f"triton_grouped/bfloat16/T{tokens}/{pattern}"] = err

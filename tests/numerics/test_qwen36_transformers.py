@@ -29,6 +29,8 @@ FORCED_MOE_PATHS = {
     "tiny_tokenwise": MoEConfig(decode_native=False, tiny_impl="tokenwise", tiny_max=4096),
     "sorted": MoEConfig(decode_native=False, tiny_max=0, prefill_impl="sorted"),
     "grouped_mm": MoEConfig(decode_native=False, tiny_max=0, prefill_impl="grouped_mm"),
+    "triton_decode": MoEConfig(decode_native=False, tiny_impl="triton", tiny_max=256),  # its max_tokens
+    "triton_grouped": MoEConfig(decode_native=False, tiny_max=0, prefill_impl="triton"),
 }
 
 

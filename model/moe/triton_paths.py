@@ -1,0 +1,51 @@
+"""The Triton expert paths as the path table sees them: where they can run, and their entry points.
+
+Triton compiles for CUDA GPUs; on the CPU it runs only through its interpreter, which is chosen when the
+kernels are defined (TRITON_INTERPRET=1 in the environment before this package is imported), and then the
+same kernels no longer run on a GPU. Without Triton installed both paths are registered but unavailable.
+"""
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton  # noqa: F401  (only whether it imports)
+except ImportError:  # a torch build or platform without Triton
+    triton = None
+
+if triton is not None:
+    from . import triton_decode, triton_grouped
+
+__all__ = ["triton_runs_on", "experts_triton_decode", "experts_triton_grouped"]
+
+
+def triton_runs_on(device: torch.device, dtype: torch.dtype) -> bool:
+    if triton is None:
+        return False
+    interpreted = triton_decode.INTERPRETED
+    if device.type == "cuda":
+        return not interpreted
+    return device.type == "cpu" and interpreted
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """The kernels index the last dim with unit stride; any other layout is copied (never the case for the
+    model's weights and activations, which are contiguous)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _run(launch, x, w13, w2, weights, ids, out):
+    x, w13, w2 = _last_dim_contiguous(x), _last_dim_contiguous(w13), _last_dim_contiguous(w2)
+    if out.stride(-1) == 1:
+        return launch(x, w13, w2, weights, ids, out)
+    return out.copy_(launch(x, w13, w2, weights, ids, torch.empty(out.shape, dtype=out.dtype, device=out.device)))
+
+
+def experts_triton_decode(x, w13, w2, weights, ids, out):
+    """Two kernels per call, one program per (token, expert) pair; weights read in place."""
+    return _run(triton_decode.experts_triton_decode, x, w13, w2, weights, ids, out)
+
+
+def experts_triton_grouped(x, w13, w2, weights, ids, out):
+    """Pairs grouped by expert on the device, then one grouped GEMM per projection."""
+    return _run(triton_grouped.experts_triton_grouped, x, w13, w2, weights, ids, out)

@@ -1,0 +1,95 @@
+"""The expert-path properties for the Triton paths, on the CPU through Triton's interpreter.
+
+Not collected by the suite itself (the file name does not start with `test_`): the interpreter must be
+chosen before triton is imported, so test_moe_triton_interpreter.py runs this module in a subprocess with
+TRITON_INTERPRET=1. Dims are small and examples few: the interpreter runs each Triton program as Python.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from model.moe import EXPERT_PATHS
+from model.moe import triton_decode, triton_grouped
+from tests.numerics import tolerances
+from model.moe.experts import experts_reference
+from tests.numerics.compare import assert_close, poisoned_like
+from tests.numerics.moe_cases import MoECase, check_expert_path, make_hidden, make_moe_weights, make_routing, moe_cases
+from tests.numerics.test_moe_expert_paths import (
+    test_non_finite_token_propagates_to_its_row_only as non_finite_token_propagates_to_its_row_only,
+)
+
+TRITON_PATHS = ("triton_decode", "triton_grouped")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+EXAMPLES_PER_DTYPE = 5
+
+SMALL_CASES = moe_cases(
+    tokens=st.integers(1, 8),
+    experts=st.integers(1, 16),
+    max_top_k=4,
+    hidden=st.integers(4, 48),
+    intermediate=st.integers(1, 24),
+)
+# Always run: the smallest block; dims past every interpreter block size, so each loop takes several steps
+# and each grid axis several programs; silent experts; one expert with several row blocks of the grouped path.
+EDGE_CASES = (
+    MoECase(tokens=1, experts=1, top_k=1, hidden=4, intermediate=1, shared_intermediate=1, pattern="random", seed=0),
+    MoECase(tokens=8, experts=16, top_k=4, hidden=40, intermediate=20, shared_intermediate=20, pattern="ties", seed=1),
+    MoECase(tokens=8, experts=16, top_k=4, hidden=48, intermediate=24, shared_intermediate=24, pattern="empty_experts", seed=2),
+    MoECase(tokens=40, experts=4, top_k=1, hidden=24, intermediate=8, shared_intermediate=8, pattern="one_expert", seed=3),
+)
+# More pairs than one grouping program takes (1024), so the atomic ranks span programs.
+MANY_PAIRS = MoECase(tokens=130, experts=8, top_k=8, hidden=8, intermediate=4, shared_intermediate=4, pattern="random", seed=4)
+
+
+@pytest.mark.parametrize("name", TRITON_PATHS)
+def test_path_runs_through_the_interpreter_on_cpu(name):
+    assert triton_decode.INTERPRETED and triton_grouped.INTERPRETED, "TRITON_INTERPRET=1 was not in effect"
+    assert all(EXPERT_PATHS[name].supports(1, dtype, "cpu") for dtype in DTYPES)
+    assert not EXPERT_PATHS[name].supports(1, torch.float32, "cuda"), "interpreted kernels claim a GPU"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("name", TRITON_PATHS)
+def test_path_equals_float64_reference(name, dtype):
+    path = EXPERT_PATHS[name]
+    check_expert_path(
+        path, dtype, tolerances.expert_path_tolerance(name, dtype), cases=SMALL_CASES,
+        run_settings=settings(max_examples=EXAMPLES_PER_DTYPE), examples=EDGE_CASES,
+    )
+
+
+def test_triton_grouped_with_pairs_over_several_grouping_programs():
+    path = EXPERT_PATHS["triton_grouped"]
+    check_expert_path(
+        path, torch.float32, tolerances.expert_path_tolerance(path.name, torch.float32),
+        cases=st.just(MANY_PAIRS), run_settings=settings(max_examples=1),
+    )
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # numpy, on the inf inputs
+@pytest.mark.parametrize("bad_value", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("name", TRITON_PATHS)
+def test_non_finite_token_propagates_to_its_row_only(name, bad_value):
+    non_finite_token_propagates_to_its_row_only(name, bad_value)
+
+
+@pytest.mark.parametrize("name", TRITON_PATHS)
+def test_strided_inputs_and_output_give_the_reference(name):
+    """Row strides are the kernels' own; a last dim with a stride (weights stored transposed, a strided out)
+    goes through the wrapper's copies. Every element of the strided `out` is still written."""
+    case = MoECase(tokens=5, experts=6, top_k=3, hidden=24, intermediate=12, shared_intermediate=12, pattern="random", seed=5)
+    w = make_moe_weights(case, torch.float32)
+    x_wide = torch.cat([make_hidden(case, torch.float32), torch.full((5, 7), float("nan"))], dim=1)
+    x = x_wide[:, : case.hidden]  # row stride 31: the NaN columns must never be read
+    w13 = w.w13.transpose(1, 2).contiguous().transpose(1, 2)  # same values, last dim strided
+    weights, ids = make_routing(case)
+    ids = ids.t().contiguous().t()  # column-major ids
+    out_wide = poisoned_like((5, 2 * case.hidden), torch.float32, "cpu")
+    out = out_wide[:, ::2]
+    EXPERT_PATHS[name].fn(x, w13, w.w2, weights, ids, out)
+    ref = experts_reference(x, w.w13, w.w2, weights, ids, poisoned_like(x.shape, torch.float64, "cpu"))
+    assert_close(out, ref, tolerances.expert_path_tolerance(name, torch.float32), f"{name}, strided tensors")
+    assert out_wide[:, 1::2].isnan().all(), f"{name} wrote outside the strided out"
