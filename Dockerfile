@@ -13,6 +13,10 @@ COPY model /opt/qwen36/model
 COPY patches /opt/qwen36/patches
 COPY harness /opt/qwen36/harness
 RUN python3 -m pip install --no-index --no-deps --no-build-isolation /opt/qwen36
+# The measured dispatch tables (`qwen36 tune`, docs/tuning.md): the installed package has no checkout beside
+# it, so the dispatchers are told where the tables are; a device without a table keeps the knobs below.
+COPY fixtures/dispatch /opt/qwen36/fixtures/dispatch
+ENV QWEN36_DISPATCH_DIR=/opt/qwen36/fixtures/dispatch
 
 # Where computility-run.yaml's --chat-template points.
 COPY patches/chat_template.jinja /workspace/chat_template.jinja

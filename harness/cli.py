@@ -90,6 +90,10 @@ def _parser() -> argparse.ArgumentParser:
 
     add_gate_parsers(sub)  # baseline record, gate, compare: each sets its own `handler`
 
+    from harness.tune.args import add_parser as add_tune_parser
+
+    add_tune_parser(sub)  # tune [moe|gdn|all]: per-device dispatch table and report (harness/tune)
+
     # patch set and presubmit (harness/presubmit, patches/)
     pt = sub.add_parser("patches", help="the vLLM patch plugin")
     pt_sub = pt.add_subparsers(dest="patches_cmd", required=True)

@@ -104,7 +104,27 @@ def install(settings: PatchSettings) -> str:
         cls.apply = _wrap_apply(_State.originals["apply"], config)
     return (f"routed experts of {', '.join(sorted(ARCHITECTURES))} by model.moe.dispatch_experts "
             f"(T=1: {'decode_fused' if config.decode_native else config.tiny_impl}, T<={config.tiny_max}: "
-            f"{config.tiny_impl}, else {config.prefill_impl})")
+            f"{config.tiny_impl}, else {config.prefill_impl}); dispatch table: {_table_detail()}")
+
+
+def _device_name() -> str | None:
+    """The GPU's name without creating a CUDA context (the plugin also loads in the API server process)."""
+    try:
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cuda_alike():
+            return current_platform.get_device_name(0)
+        return None
+    except Exception:  # no vLLM platform here (tests): ask torch only if CUDA is already up
+        return torch.cuda.get_device_name() if torch.cuda.is_initialized() else None
+
+
+def _table_detail() -> str:
+    """The dispatch table the experts will use on this machine's device (model.dispatch_table), or why none.
+    A QWEN36_DISPATCH_TABLE naming a missing or broken file raises: the row then says `failed` and why."""
+    from model.dispatch_table import choose_table
+
+    return choose_table(_device_name()).detail
 
 
 def uninstall() -> None:
@@ -194,16 +214,18 @@ def _routed_experts_op():
     reuses that graph for every token count; inside an op the dispatcher runs eagerly with the real T, so
     its per-T path choice and data-dependent grouping are not frozen into the graph."""
     if _Runtime.op is None:
+        from model.dispatch_table import table_choice_for
         from model.moe import dispatch_experts, select_expert_path
 
         @torch.library.custom_op("qwen36::moe_routed_experts", mutates_args=())
         def moe_routed_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                                topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
             config = _Runtime.config
-            path = select_expert_path(x.shape[0], config)
+            path = select_expert_path(x.shape[0], config, x.device, x.dtype)
             if path not in _State.logged_paths:  # one line per path and process: evidence of what ran
                 _State.logged_paths.add(path)
-                _log.info("qwen36 moe_experts: first call on path %r (T=%d, %s)", path, x.shape[0], x.dtype)
+                _log.info("qwen36 moe_experts: first call on path %r (T=%d, %s; dispatch table: %s)", path,
+                          x.shape[0], x.dtype, table_choice_for(x.device).detail)
             return dispatch_experts(x, w13, w2, topk_weights.to(torch.float32), topk_ids.to(torch.int64), config)
 
         @moe_routed_experts.register_fake

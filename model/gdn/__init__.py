@@ -13,6 +13,7 @@ from .rule import (
     run_gdn_rule,
     state_dtype,
 )
+from . import fla_paths  # noqa: F401  (registers the fla-core paths; they import fla only when used on CUDA)
 
 __all__ = [
     "CHUNK_SIZE",

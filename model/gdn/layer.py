@@ -13,10 +13,11 @@ from typing import Mapping
 import torch
 import torch.nn.functional as F
 
+from ..dispatch_table import table_path_for
 from ..norm import GATED_NORM_PATHS, compute_dtype
 from .conv import run_conv_path, zero_conv_state
 from .layout import GDNDims, qwen35_to_qwen3_next, qwen3_next_to_qwen35
-from .rule import run_gdn_rule
+from .rule import GDN_RULE_PATHS, run_gdn_rule
 
 __all__ = ["GDNWeights", "GDNState", "gdn_gating", "gdn_layer", "select_rule_path", "select_conv_path"]
 
@@ -150,8 +151,23 @@ def gdn_gating(
     return g, torch.sigmoid(b.to(ct))
 
 
-def select_rule_path(num_tokens: int) -> str:
-    """The serving choice: the vectorised step for one token, the chunked form for a prefill."""
+def select_rule_path(
+    num_tokens: int,
+    batch: int = 1,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> str:
+    """The serving choice. Given the call's device and dtype, the device's dispatch table decides where it has
+    a runnable entry (`gdn_decode` by batch for one token, `gdn_prefill` by token count otherwise); else the
+    vectorised step for one token and the chunked form for a prefill."""
+    if device is not None and dtype is not None:
+        block, key = ("gdn_decode", batch) if num_tokens == 1 else ("gdn_prefill", num_tokens)
+        measured = table_path_for(
+            block, key, device, dtype,
+            lambda name: name in GDN_RULE_PATHS and GDN_RULE_PATHS[name].supports(num_tokens, dtype, device),
+        )
+        if measured is not None:
+            return measured
     return "decode_step" if num_tokens == 1 else "chunked"
 
 
@@ -170,7 +186,7 @@ def gdn_layer(
 ) -> tuple[torch.Tensor, GDNState]:
     """y [B, T, hidden] in x's dtype and the state after the last token. `state=None` starts a sequence.
 
-    `rule` / `conv` force a registered path (default: picked by token count, as in serving).
+    `rule` / `conv` force a registered path (default: `select_rule_path`, as in serving).
     """
     if x.dim() != 3 or x.shape[-1] != w.dims.hidden_size:
         raise ValueError(f"GDN input has shape {tuple(x.shape)}; expected [B, T, {w.dims.hidden_size}]")
@@ -186,7 +202,8 @@ def gdn_layer(
     k = k.reshape(batch, tokens, d.num_k_heads, d.head_k_dim)
     v = v.reshape(batch, tokens, d.num_v_heads, d.head_v_dim)
     g, beta = gdn_gating(F.linear(x, w.in_proj_a), F.linear(x, w.in_proj_b), w.A_log, w.dt_bias)
-    core, recurrent = run_gdn_rule(rule or select_rule_path(tokens), q, k, v, g, beta, state.recurrent)
+    rule = rule or select_rule_path(tokens, batch, x.device, v.dtype)
+    core, recurrent = run_gdn_rule(rule, q, k, v, g, beta, state.recurrent)
     z = F.linear(x, w.in_proj_z).reshape(batch, tokens, d.num_v_heads, d.head_v_dim)
     normed = GATED_NORM_PATHS[norm].fn(core.to(x.dtype), w.norm, d.eps, z)
     y = F.linear(normed.reshape(batch, tokens, d.value_dim), w.out_proj)

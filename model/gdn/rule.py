@@ -56,11 +56,26 @@ class GDNRulePath:
     dtypes: tuple[torch.dtype, ...] = ALL_FLOATS
     available: Callable[[torch.device, torch.dtype], bool] = field(default=lambda device, dtype: True)
     description: str = ""
+    # Why the path cannot run on (device, dtype), or None: for paths that need an optional library or a GPU.
+    why_unavailable: Callable[[torch.device, torch.dtype], str | None] | None = None
+
+    def unavailable_reason(self, device: torch.device | str, dtype: torch.dtype) -> str | None:
+        """None when the path can run on this device and dtype (any token count it takes), else why not."""
+        device = torch.device(device)
+        if dtype not in self.dtypes:
+            return f"{dtype} is not one of its dtypes {self.dtypes}"
+        if self.why_unavailable is not None:
+            reason = self.why_unavailable(device, dtype)
+            if reason:
+                return reason
+        if not self.available(device, dtype):
+            return f"not available for {dtype} on {device}"
+        return None
 
     def supports(self, num_tokens: int, dtype: torch.dtype, device: torch.device | str) -> bool:
         if num_tokens < self.min_tokens or (self.max_tokens is not None and num_tokens > self.max_tokens):
             return False
-        return dtype in self.dtypes and self.available(torch.device(device), dtype)
+        return self.unavailable_reason(device, dtype) is None
 
 
 GDN_RULE_PATHS: dict[str, GDNRulePath] = {}
@@ -242,9 +257,11 @@ def run_gdn_rule(
     _check_shapes(q, k, v, g, beta, initial_state)
     tokens = q.shape[1]
     if not path.supports(tokens, v.dtype, v.device):
+        why = path.unavailable_reason(v.device, v.dtype)
         raise ValueError(
             f"gated delta rule path {name!r} does not support T={tokens} {v.dtype} on {v.device} "
-            f"(tokens {path.min_tokens}..{path.max_tokens or 'any'}, dtypes {path.dtypes}); pick another path"
+            f"(tokens {path.min_tokens}..{path.max_tokens or 'any'}, dtypes {path.dtypes}"
+            f"{'; ' + why if why else ''}); pick another path"
         )
     batch, _, v_heads, v_dim = v.shape
     if out is None:

@@ -47,8 +47,17 @@ def test_every_rule_path_has_a_tolerance():
     assert not missing, f"rule paths without a tolerance in tests/numerics/tolerances.py: {missing}"
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("name", sorted(GDN_RULE_PATHS))
+def _cpu_cases():
+    """(name, dtype) for every registered path; those that cannot run on a CPU (fla-core's need CUDA) are
+    skipped with the path's own reason, and run gpu-marked in test_gdn_paths_gpu.py."""
+    for name in sorted(GDN_RULE_PATHS):
+        for dtype in DTYPES:
+            why = GDN_RULE_PATHS[name].unavailable_reason("cpu", dtype)
+            marks = [pytest.mark.skip(reason=f"{name} {dtype}: {why}")] if why else []
+            yield pytest.param(name, dtype, id=f"{name}-{dtype}", marks=marks)
+
+
+@pytest.mark.parametrize(("name", "dtype"), list(_cpu_cases()))
 @settings(max_examples=40)
 @given(seed=SEEDS, tokens=st.sampled_from(AROUND_CHUNK) | st.integers(1, 3 * CHUNK_SIZE), batch=st.integers(1, 2),
        with_state=st.booleans())

@@ -22,7 +22,7 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 _COPIED = ("Dockerfile", "computility-run.yaml", ".gitattributes", ".dockerignore", "Makefile", ".ci/run",
            "pyproject.toml", "README.md", "fixtures/api/messages.yaml")
 _COPIED_DIRS = ("patches",)
-_EXISTING_DIRS = ("model", "harness")  # COPY sources: only their existence is checked
+_EXISTING_DIRS = ("model", "harness", "fixtures/dispatch")  # COPY sources: only their existence is checked
 
 
 def make_checkout(dest: Path, fixture: Path | None = None) -> Path:
@@ -33,7 +33,7 @@ def make_checkout(dest: Path, fixture: Path | None = None) -> Path:
     for rel in _COPIED_DIRS:
         shutil.copytree(REPO_ROOT / rel, dest / rel, ignore=shutil.ignore_patterns("__pycache__"))
     for rel in _EXISTING_DIRS:
-        (dest / rel).mkdir(exist_ok=True)
+        (dest / rel).mkdir(parents=True, exist_ok=True)
     if fixture is not None:
         spec = yaml.safe_load(fixture.read_text())
         for edit in spec.get("edits", []):

@@ -1,0 +1,10 @@
+"""`qwen36 tune`: time every registered MoE expert path and GDN rule path on the serving machine, check each
+output against the float64 reference, and write the device's dispatch table plus a JSON + Markdown report.
+
+Modules, one job each: dims (the shapes timed), ceilings (bandwidth and matrix rate per device), floors
+(bytes and FLOPs per call), timing (CUDA events, L2 flush, graph capture), inputs (seeded random tensors),
+measure (one path at one point: timed, checked), moe / gdn / gdn_layer (the sweeps), table (fastest correct
+path per range -> the dispatch file), report (console, JSON, Markdown), progress, cli.
+Imports stay light (torch and the project's own packages): it runs as `python -m harness.tune` on a machine
+that has only torch and triton.
+"""

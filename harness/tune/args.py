@@ -1,0 +1,70 @@
+"""The `tune` command's arguments, importing nothing heavy (the `qwen36` CLI builds every parser at start)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["add_arguments", "add_parser"]
+
+FLUSH_MB = 256
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated positive integers like 1,8,64") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated positive integers like 1,8,64")
+    return values
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", nargs="?", choices=("all", "moe", "gdn"), default="all",
+                   help="moe: routed experts + whole block; gdn: delta rule + the layer by stage; all: both")
+    p.add_argument("--device", default=None, help="default: cuda when there is one, else cpu")
+    p.add_argument("--dtype", choices=("bfloat16", "float32", "float16"), default=None,
+                   help="default: bfloat16 on CUDA (serving), float32 on a CPU")
+    p.add_argument("--dims", choices=("real", "tiny"), default="real",
+                   help="real: Qwen3.6-35B-A3B per rank at TP=4; tiny: the same ratios, seconds on a CPU")
+    p.add_argument("--hf-config", type=Path, default=None, help="dims from this checkpoint dir's config.json instead")
+    p.add_argument("--tp", type=int, default=4, help="with --hf-config: tensor-parallel ranks to split over")
+    p.add_argument("--moe-tokens", type=_ints, default=None, help="default: 1..16, then 32, 64, ..., 8192")
+    p.add_argument("--moe-block-tokens", type=_ints, default=None,
+                   help="default: 1,8,4096")
+    p.add_argument("--gdn-prefill-tokens", type=_ints, default=None,
+                   help="default: 64,128,...,16384")
+    p.add_argument("--gdn-decode-batches", type=_ints, default=None,
+                   help="default: 1,8,64,256")
+    p.add_argument("--no-layer", action="store_true", help="gdn: skip the layer's stage-by-stage timing")
+    p.add_argument("--reps", type=int, default=20, help="timed samples per path and point (median reported)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls first (compilation, autotuning)")
+    p.add_argument("--no-graph", action="store_true", help="eager timing only (CUDA graphs are never used on a CPU)")
+    p.add_argument("--select-by", choices=("auto", "graph", "eager"), default="auto",
+                   help="how the table ranks paths: auto = graph replay where the platform has graphs; "
+                        "eager for a server run with --enforce-eager")
+    p.add_argument("--prune-factor", type=float, default=8.0,
+                   help="moe: drop a path from larger points once it is this many times slower than the "
+                        "best there and costs over 1 ms a call")
+    p.add_argument("--flush-mb", type=int, default=FLUSH_MB, help="L2 flush buffer written before each sample")
+    p.add_argument("--hbm-tbps", type=float, default=None, help="memory bandwidth for the floors (default: per device)")
+    p.add_argument("--peak-tflops", type=float, default=None, help="matrix rate for the floors (default: per device)")
+    p.add_argument("--table-dir", type=Path, default=None,
+                   help="where the device's table goes (default on CUDA: the checkout's fixtures/dispatch; on a CPU: "
+                        "the report dir, since CPUs read a table only when QWEN36_DISPATCH_TABLE names it)")
+    p.add_argument("--no-table", action="store_true", help="measure and report only")
+    p.add_argument("--report-dir", type=Path, default=None, help="default: runs/tune/<device>-<date>")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def add_parser(sub) -> None:
+    t = sub.add_parser("tune", help="time every MoE expert path and GDN rule path on this device; write its "
+                                    "dispatch table and a report")
+    add_arguments(t)
+    t.set_defaults(handler=_run)
+
+
+def _run(a) -> int:
+    from .cli import run  # torch and the model load only when the command runs
+
+    return run(a)

@@ -1,0 +1,184 @@
+"""Running `qwen36 tune` (also `python -m harness.tune`): sweep, check, time, write the table and the report."""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+import torch
+
+from model.dispatch_table import CHECKOUT_TABLE_DIR, table_file_name
+
+from . import dims as D
+from .ceilings import ceilings_for
+from .gdn import sweep_gdn, unavailable_rule_paths
+from .gdn_layer import LAYER_POINTS, time_gdn_layer
+from .measure import Settings
+from .moe import sweep_moe_block, sweep_moe_experts, unavailable_expert_paths
+from .progress import Progress
+from .prune import Pruner
+from .report import format_rows, layer_breakdown, write_report
+from .table import build_table, winners, write_table
+from .targets import judge_targets
+from .timing import L2Flusher, graphs_supported
+from .args import add_arguments
+
+__all__ = ["run", "main"]
+
+TINY_LAYER_POINTS = ((1, 64), (1, 1), (8, 1))
+
+
+def _dims(a) -> D.TuneDims:
+    if a.hf_config is not None:
+        return D.dims_from_hf_config(a.hf_config, a.tp)
+    return D.REAL_PER_RANK if a.dims == "real" else D.TINY
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def run(a) -> int:
+    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = getattr(torch, a.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    dims = _dims(a)
+    name = _device_name(device)
+    stem = table_file_name(name).removesuffix(".json")
+    today = dt.datetime.now(dt.timezone.utc).date().isoformat()
+    report_dir = a.report_dir or Path("runs") / "tune" / f"{stem}-{today}"
+    table_dir = a.table_dir or (CHECKOUT_TABLE_DIR if device.type == "cuda" else report_dir)
+    graphs = graphs_supported(device) and not a.no_graph
+    prefer_graph = {"auto": graphs, "graph": True, "eager": False}[a.select_by]
+    ceilings = ceilings_for(stem, a.hbm_tbps, a.peak_tflops)
+    s = Settings(device, dtype, a.reps, a.warmup, graphs, L2Flusher(device, a.flush_mb * 2**20))
+    real = dims.name == D.REAL_PER_RANK.name
+    moe_tokens = a.moe_tokens or D.MOE_TOKENS
+    block_tokens = a.moe_block_tokens or D.MOE_BLOCK_TOKENS
+    prefill = a.gdn_prefill_tokens or D.GDN_PREFILL_TOKENS
+    decode = a.gdn_decode_batches or D.GDN_DECODE_BATCHES
+    layer_points = () if a.no_layer else (LAYER_POINTS if real else TINY_LAYER_POINTS)
+    do_gdn, do_moe = a.target in ("all", "gdn"), a.target in ("all", "moe")
+    steps = (len(prefill) + len(decode) + len(layer_points)) * do_gdn + (len(moe_tokens) + len(block_tokens)) * do_moe
+    progress = Progress(steps, enabled=not a.no_progress)
+    command = shlex.join(getattr(a, "command", None) or ["qwen36", *sys.argv[1:]])
+    meta = {
+        "device": name, "device_stem": stem, "date": today, "command": command, "torch": torch.__version__,
+        "triton": _triton_version(), "dtype": str(dtype).removeprefix("torch."), "dims": dims.as_dict(),
+        "ceilings": {"hbm_bytes_per_s": ceilings.hbm_bytes_per_s, "matrix_flops_per_s": ceilings.matrix_flops_per_s,
+                     "source": ceilings.source},
+        "timing": (f"median of {a.reps} samples (spread = IQR / median); before each sample a {a.flush_mb} MB buffer "
+                   f"is written (L2 flush) and the device synchronised; {a.warmup} warm-up calls; CUDA events"
+                   if device.type == "cuda" else f"median of {a.reps} host-clock samples, {a.warmup} warm-up calls"),
+        "graphs": graphs, "ranked_by": "graph replay where captured, else eager" if prefer_graph else "eager",
+    }
+    recorded = {"date": today, "command": meta["command"], "torch": torch.__version__, "dims": dims.name,
+                "reps": a.reps}
+    rows, notes = [], []
+    # GDN paths are all timed everywhere (the project's against fla's is the question); MoE sweeps prune.
+    gdn_pruner, moe_pruner = Pruner(float("inf"), prefer_graph), Pruner(a.prune_factor, prefer_graph)
+    table = None
+
+    def finish_phase():
+        nonlocal table
+        verdicts = judge_targets(rows) if real else []
+        if not a.no_table:
+            table = build_table(rows, name, meta["dtype"], prefer_graph, recorded)
+            path = write_table(table, table_dir / table_file_name(name))
+            meta["table_path"] = str(path)
+        dropped = [why for p in (gdn_pruner, moe_pruner) for _, why in p.dropped.values()]
+        write_report(report_dir, meta, rows, table, verdicts, notes + dropped)
+        return verdicts
+
+    stopped = []
+
+    def phase(label, sweep):
+        """Run one sweep; a failure outside the per-path checks (a reference, the device) or a SIGTERM (a time
+        limit) is noted and what was measured is written; after a SIGTERM no further sweep starts."""
+        if stopped:
+            return []
+        try:
+            sweep()  # appends to `rows` as it measures
+        except Exception as exc:
+            if isinstance(exc, Terminated):
+                stopped.append(label)
+            notes.append(f"{label} stopped: {type(exc).__name__}: {str(exc).strip()[:300]}")
+            print(f"qwen36 tune: {label} stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return finish_phase()
+
+    signal.signal(signal.SIGTERM, _raise_terminated)
+
+    verdicts = []
+    try:
+        if do_gdn:
+            notes.extend(f"GDN path {n} unavailable: {why}" for n, why in unavailable_rule_paths(s).items())
+            notes.append("recurrent_reference (the float64 definition) is the check, not a candidate")
+            verdicts = phase("gdn rule sweep", lambda: sweep_gdn(dims.gdn, prefill, decode, s, ceilings, gdn_pruner,
+                                                                 progress.tick, rows))
+            if layer_points:
+                best = {"gdn_prefill": winners(rows, "gdn_prefill", prefer_graph),
+                        "gdn_decode": winners(rows, "gdn_decode", prefer_graph)}
+                verdicts = phase("gdn layer", lambda: time_gdn_layer(
+                    dims.gdn, s, lambda b, t: _layer_rule(best, b, t), progress.tick, layer_points, rows))
+        if do_moe:
+            notes.extend(f"MoE path {n}: {why}" for n, why in unavailable_expert_paths(s).items())
+            notes.append("reference (the float64 definition) is the check, not a candidate")
+            from .inputs import moe_weights
+
+            w = moe_weights(dims.moe, dtype, device)
+            verdicts = phase("moe experts sweep", lambda: sweep_moe_experts(dims.moe, moe_tokens, s, ceilings,
+                                                                            moe_pruner, progress.tick, w, rows))
+            verdicts = phase("moe block sweep", lambda: sweep_moe_block(dims.moe, block_tokens, s, ceilings,
+                                                                        moe_pruner, progress.tick, w, rows))
+            del w
+    finally:
+        progress.close()
+    for block in dict.fromkeys(r.block for r in rows):
+        print(format_rows(rows, block) + "\n")
+    for line in layer_breakdown(rows):
+        print("GDN layer " + line)
+    for v in verdicts:
+        print("target " + v.line())
+    print(f"report: {report_dir / 'tune.md'} and tune.json" + (f"; table: {meta['table_path']}" if table else ""))
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    wrong = [r for r in rows if r.status == "wrong"]
+    for r in wrong:
+        print(f"WRONG: {r.block} {r.key} {r.path}: {r.detail}", file=sys.stderr)
+    return 1 if wrong else 0
+
+
+class Terminated(Exception):
+    """SIGTERM arrived (e.g. `timeout`): stop measuring, keep what was measured."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(f"signal {signum}")
+
+
+def _layer_rule(best: dict, batch: int, tokens: int) -> str:
+    """The rule path the table picks for this layer call (nearest measured point at or below), else the default."""
+    block, key = ("gdn_decode", batch) if tokens == 1 else ("gdn_prefill", tokens)
+    below = [k for k in best[block] if k <= key]
+    if below:
+        return best[block][max(below)]["path"]
+    return "decode_step" if tokens == 1 else "chunked"
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+
+        return triton.__version__
+    except ImportError:
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.tune", description=__doc__)
+    add_arguments(p)
+    argv = sys.argv[1:] if argv is None else argv
+    a = p.parse_args(argv)
+    a.command = ["python", "-m", "harness.tune", *argv]
+    return run(a)

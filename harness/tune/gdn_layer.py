@@ -1,0 +1,91 @@
+"""The GDN layer end to end and stage by stage (projections, causal conv1d, gating, delta rule, gated RMSNorm,
+out_proj), to say which part dominates once the rule is fast. The whole layer's output is compared with the
+float64 layer built from the reference paths; tests/numerics/tolerances.py bounds it only in float32
+(GDN_LAYER), so for other dtypes the error is reported, not judged."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from model.gdn import GDNDims, GDNState, gdn_gating, gdn_layer, run_conv_path, run_gdn_rule, select_conv_path
+from model.norm import GATED_NORM_PATHS
+
+from .bounds import tolerances
+from .inputs import gdn_hidden, gdn_weights, generator
+from .measure import Measurement, Settings, check_error, measure
+
+__all__ = ["time_gdn_layer", "LAYER_POINTS"]
+
+# (batch, tokens): a long and a longest prefill, the smallest and largest decode batch.
+LAYER_POINTS = ((1, 4096), (1, 16384), (1, 1), (256, 1))
+STAGES = ("in_proj", "conv", "gating", "rule", "gated_norm", "out_proj", "layer")
+
+
+def _random_state(batch: int, d: GDNDims, dtype: torch.dtype, device: torch.device, seed: int) -> GDNState:
+    gen = generator(device, seed)
+    conv = torch.randn((batch, d.conv_dim, d.conv_kernel - 1), generator=gen, device=device).to(dtype)
+    rec = 0.5 * torch.randn((batch, d.num_v_heads, d.head_k_dim, d.head_v_dim), generator=gen, device=device)
+    return GDNState(conv=conv, recurrent=rec)
+
+
+def _stage_calls(x, w, state, rule: str) -> dict[str, Callable[[], object]]:
+    """One closure per stage over inputs computed once by the stages before it (as gdn_layer computes them)."""
+    d = w.dims
+    batch, tokens, _ = x.shape
+    conv_path = select_conv_path(tokens)
+    qkv = F.linear(x, w.in_proj_qkv)
+    mixed, _ = run_conv_path(conv_path, qkv, w.conv1d, state.conv)
+    q, k, v = mixed.split([d.key_dim, d.key_dim, d.value_dim], dim=-1)
+    q = q.reshape(batch, tokens, d.num_k_heads, d.head_k_dim)
+    k = k.reshape(batch, tokens, d.num_k_heads, d.head_k_dim)
+    v = v.reshape(batch, tokens, d.num_v_heads, d.head_v_dim)
+    a, b = F.linear(x, w.in_proj_a), F.linear(x, w.in_proj_b)
+    g, beta = gdn_gating(a, b, w.A_log, w.dt_bias)
+    core, _ = run_gdn_rule(rule, q, k, v, g, beta, state.recurrent)
+    z = F.linear(x, w.in_proj_z).reshape(batch, tokens, d.num_v_heads, d.head_v_dim)
+    normed = GATED_NORM_PATHS["fused"].fn(core.to(x.dtype), w.norm, d.eps, z)
+    flat = normed.reshape(batch, tokens, d.value_dim)
+    return {
+        "in_proj": lambda: [F.linear(x, m) for m in (w.in_proj_qkv, w.in_proj_z, w.in_proj_a, w.in_proj_b)],
+        "conv": lambda: run_conv_path(conv_path, qkv, w.conv1d, state.conv),
+        "gating": lambda: gdn_gating(a, b, w.A_log, w.dt_bias),
+        "rule": lambda: run_gdn_rule(rule, q, k, v, g, beta, state.recurrent),
+        "gated_norm": lambda: GATED_NORM_PATHS["fused"].fn(core.to(x.dtype), w.norm, d.eps, z),
+        "out_proj": lambda: F.linear(flat, w.out_proj),
+        "layer": lambda: gdn_layer(x, w, state, rule=rule),
+    }
+
+
+def time_gdn_layer(d: GDNDims, s: Settings, rule_for: Callable[[int, int], str], tick: Callable[[str], None],
+                   points=LAYER_POINTS, rows: list[Measurement] | None = None) -> list[Measurement]:
+    """Appends to `rows` as it goes (a sweep stopped half way keeps what it measured)."""
+    w = gdn_weights(d, s.dtype, s.device)
+    w64 = w.to(torch.float64)
+    bound = tolerances().GDN_LAYER.get(s.dtype)
+    rows = [] if rows is None else rows
+    for batch, tokens in points:
+        tick(f"gdn layer B={batch} T={tokens}")
+        block = "gdn_layer_decode" if tokens == 1 else "gdn_layer_prefill"
+        key = batch if tokens == 1 else tokens
+        rule = rule_for(batch, tokens)
+        x = gdn_hidden(batch, tokens, d, s.dtype, s.device, seed=70_000 + batch + tokens)
+        state = _random_state(batch, d, s.dtype, s.device, seed=80_000 + batch + tokens)
+        state64 = GDNState(conv=state.conv.double(), recurrent=state.recurrent.double())
+        ref, _ = gdn_layer(x.double(), w64, state64, rule="recurrent_reference", conv="reference", norm="reference")
+        del state64
+        for stage, call in _stage_calls(x, w, state, rule).items():
+            m = Measurement(block, key, stage, "error", extra={"batch": batch, "tokens": tokens, "rule": rule})
+            if stage == "layer":
+                m.bound = bound if bound is not None else float("inf")
+                y = torch.empty(x.shape, dtype=s.dtype, device=s.device)  # static, so a graph replay fills it
+                measure(m, lambda call=call, y=y: y.copy_(call()[0]), lambda y=y: y.fill_(float("nan")),
+                        lambda y=y: (check_error(y, ref), ""), s)
+                if bound is None and m.status == "ok":
+                    m.detail = f"no {s.dtype} layer bound in tolerances.GDN_LAYER: error reported, not judged"
+            else:
+                m.bound = float("inf")  # stages are timed only; the layer row carries the check
+                measure(m, call, lambda: None, lambda: (0.0, ""), s)
+            rows.append(m)
+    return rows

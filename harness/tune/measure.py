@@ -1,0 +1,129 @@
+"""One path at one point: run it into NaN-poisoned outputs, check it against the float64 reference, time it
+eagerly, then capture it in a CUDA graph, check the replay's output too and time the replays."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .floors import Floor
+from .timing import L2Flusher, Timing, capture_graph, time_eager, time_graph
+
+__all__ = ["Settings", "Measurement", "measure", "check_error"]
+
+# A check returns the relative error against the reference (inf for NaN) and a note ("" when nothing odd).
+Check = Callable[[], tuple[float, str]]
+
+
+@dataclass(frozen=True)
+class Settings:
+    device: torch.device
+    dtype: torch.dtype
+    reps: int
+    warmup: int
+    graphs: bool  # time CUDA-graph replays too
+    flusher: L2Flusher
+    slow_call_us: float = 50_000.0  # calls slower than this get 3 samples: they are never the choice
+
+
+@dataclass
+class Measurement:
+    block: str
+    key: int  # tokens per call, or the decode batch
+    path: str
+    status: str  # ok | wrong | error
+    detail: str = ""
+    eager: Timing | None = None
+    graph: Timing | None = None
+    graph_note: str = ""
+    err_eager: float | None = None
+    err_graph: float | None = None
+    bound: float | None = None
+    floor: Floor | None = None
+    extra: dict = field(default_factory=dict)
+
+    def best(self, prefer_graph: bool) -> tuple[float, str] | None:
+        """(microseconds, mode) that ranks this path: graph replay where wanted and captured, else eager."""
+        if self.status != "ok" or self.eager is None:
+            return None
+        if prefer_graph and self.graph is not None:
+            return self.graph.median_us, "graph"
+        return self.eager.median_us, "eager"
+
+    def as_dict(self) -> dict:
+        floor_us = self.floor.us if self.floor else None
+        return {
+            "block": self.block, "key": self.key, "path": self.path, "status": self.status, "detail": self.detail,
+            "eager": self.eager.as_dict() if self.eager else None,
+            "graph": self.graph.as_dict() if self.graph else None, "graph_note": self.graph_note,
+            "err_eager": self.err_eager, "err_graph": self.err_graph, "bound": self.bound,
+            "floor": None if self.floor is None else {
+                "hbm_us": self.floor.hbm_us, "compute_us": self.floor.compute_us, "floor_us": floor_us},
+            "eager_x_floor": self.eager.median_us / floor_us if self.eager and floor_us else None,
+            "graph_x_floor": self.graph.median_us / floor_us if self.graph and floor_us else None,
+            **self.extra,
+        }
+
+
+def check_error(out: torch.Tensor, ref: torch.Tensor, scale: float | None = None) -> float:
+    """||out - ref|| / ||ref|| (or / scale) in float64; inf when out has a non-finite value."""
+    out64 = out.double()
+    if not torch.isfinite(out64).all():
+        return float("inf")
+    denom = ref.double().norm().item() if scale is None else scale
+    diff = (out64 - ref.double()).norm().item()
+    return diff / denom if denom > 0 else diff
+
+
+def measure(m: Measurement, call: Callable[[], object], reset: Callable[[], None], check: Check,
+            s: Settings) -> Measurement:
+    """Fill `m` in: status, errors and timings. Failures become a status, never an exception."""
+    try:
+        _measure(m, call, reset, check, s)
+    except torch.cuda.OutOfMemoryError as exc:
+        m.status, m.detail = "error", f"out of memory: {_first_line(exc)}"
+        torch.cuda.empty_cache()
+    except Exception as exc:
+        m.status, m.detail = "error", f"{type(exc).__name__}: {_first_line(exc)}"
+    if s.device.type == "cuda":
+        try:
+            torch.cuda.synchronize(s.device)
+        except Exception as exc:  # a sticky device error: later points will fail too, and say so
+            m.status, m.detail = "error", f"device error after the call: {type(exc).__name__}: {_first_line(exc)}"
+    return m
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else ""
+
+
+def _measure(m, call, reset, check, s: Settings) -> None:
+    reset()
+    call()
+    m.err_eager, note = check()
+    if note or not m.err_eager <= m.bound:
+        m.status, m.detail = "wrong", note or f"relative error {m.err_eager:.3e} > bound {m.bound:.1e}"
+        return
+    probe = time_eager(call, s.device, s.flusher, 1, max(0, s.warmup - 1))
+    reps = 3 if probe.median_us > s.slow_call_us else s.reps
+    m.eager = time_eager(call, s.device, s.flusher, reps, 0)
+    m.status = "ok"
+    if not s.graphs:
+        m.graph_note = "graphs off" if s.device.type == "cuda" else f"no CUDA graphs on {s.device.type}"
+        return
+    graph, why = capture_graph(call, s.device)
+    if graph is None:
+        m.graph_note = why
+        return
+    try:
+        reset()
+        graph.replay()
+        m.err_graph, note = check()
+        if note or not m.err_graph <= m.bound:
+            m.graph_note = f"graph replay wrong: {note or f'relative error {m.err_graph:.3e}'}"
+            return
+        m.graph = time_graph(graph, s.device, s.flusher, reps)
+    finally:
+        del graph

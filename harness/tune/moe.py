@@ -1,0 +1,114 @@
+"""The MoE sweeps: every available path of model.moe.EXPERT_PATHS at each token count (routed experts alone),
+and the whole block (router, routed experts on each path, sigmoid-gated shared expert) at a few counts."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from model.moe import EXPERT_PATHS, ROUTERS, MoEWeights, moe_block_reference, shared_expert
+from model.moe.experts import experts_reference
+
+from .bounds import tolerances
+from .ceilings import Ceilings
+from .dims import MoEDims
+from .floors import floor_of, moe_block_work, moe_experts_work
+from .inputs import moe_hidden, moe_routing, moe_weights
+from .measure import Measurement, Settings, check_error, measure
+from .prune import Pruner
+
+__all__ = ["sweep_moe_experts", "sweep_moe_block", "unavailable_expert_paths"]
+
+# Paths that are definitions, not candidates: far too slow to serve, and what every output is checked against.
+REFERENCE = "reference"
+
+
+def unavailable_expert_paths(s: Settings) -> dict[str, str]:
+    return {n: f"unavailable for {s.dtype} on {s.device}" for n, p in EXPERT_PATHS.items()
+            if n != REFERENCE and not any(p.supports(t, s.dtype, s.device) for t in (p.min_tokens, 1, 64))}
+
+
+def _candidates(tokens: int, s: Settings, pruner: Pruner):
+    for name, path in EXPERT_PATHS.items():
+        if name != REFERENCE and pruner.keeps(name, tokens) and path.supports(tokens, s.dtype, s.device):
+            yield name, path
+
+
+def _tolerance(block_or_path: str, s: Settings) -> float | None:
+    tol = tolerances()
+    try:
+        return tol.MOE_BLOCK[s.dtype] if block_or_path == "block" else tol.expert_path_tolerance(block_or_path, s.dtype)
+    except KeyError:
+        return None
+
+
+def sweep_moe_experts(d: MoEDims, tokens_list, s: Settings, ceilings: Ceilings, pruner: Pruner,
+                      tick: Callable[[str], None], w: MoEWeights | None = None,
+                      rows: list[Measurement] | None = None) -> list[Measurement]:
+    """Appends to `rows` as it goes (a sweep stopped half way keeps what it measured)."""
+    w = w or moe_weights(d, s.dtype, s.device)
+    rows = [] if rows is None else rows
+    for tokens in tokens_list:
+        tick(f"moe T={tokens}")
+        x = moe_hidden(tokens, d, s.dtype, s.device, seed=tokens)
+        weights, ids = moe_routing(x, w)
+        ref = experts_reference(x, w.w13, w.w2, weights, ids, torch.empty(x.shape, dtype=torch.float64, device=s.device))
+        distinct = int(ids.unique().numel())
+        floor = floor_of(moe_experts_work(tokens, distinct, d, x.element_size()), ceilings)
+        here = []
+        for name, path in _candidates(tokens, s, pruner):
+            m = Measurement("moe_experts", tokens, name, "error", floor=floor, extra={"distinct_experts": distinct})
+            m.bound = _tolerance(name, s)
+            if m.bound is None:
+                m.detail = f"no {s.dtype} tolerance for {name!r} in tests/numerics/tolerances.py"
+                here.append(m)
+                rows.append(m)
+                continue
+            out = torch.empty(x.shape, dtype=s.dtype, device=s.device)
+            here.append(m)
+            rows.append(measure(
+                m,
+                lambda fn=path.fn, out=out: fn(x, w.w13, w.w2, weights, ids, out),
+                lambda out=out: out.fill_(float("nan")),
+                lambda out=out: (check_error(out, ref), ""),
+                s,
+            ))
+        pruner.update(here)
+    return rows
+
+
+def sweep_moe_block(d: MoEDims, tokens_list, s: Settings, ceilings: Ceilings, pruner: Pruner,
+                    tick: Callable[[str], None], w: MoEWeights | None = None,
+                    rows: list[Measurement] | None = None) -> list[Measurement]:
+    """The block as model.moe.moe_block computes it (topk_softmax router), the routed experts forced onto each
+    path in turn, against the float64 block routed by the same low-precision logits. Paths the experts
+    sweep dropped below a token count are not timed above it here either."""
+    w = w or moe_weights(d, s.dtype, s.device)
+    route = ROUTERS["topk_softmax"]
+    rows = [] if rows is None else rows
+    for tokens in tokens_list:
+        tick(f"moe block T={tokens}")
+        x = moe_hidden(tokens, d, s.dtype, s.device, seed=10_000 + tokens)
+        routing = moe_routing(x, w)
+        ref = moe_block_reference(x, w, routing=routing)
+        shared_ref = shared_expert(x.double(), w.to(torch.float64))
+        # Routed and shared parts can cancel: errors are measured against the size of the two terms.
+        scale = (ref - shared_ref).norm().item() + shared_ref.norm().item()
+        del shared_ref
+        distinct = int(routing[1].unique().numel())
+        floor = floor_of(moe_block_work(tokens, distinct, d, x.element_size()), ceilings)
+        for name, path in _candidates(tokens, s, pruner):
+            m = Measurement("moe_block", tokens, name, "error", floor=floor, bound=_tolerance("block", s),
+                            extra={"distinct_experts": distinct})
+            routed = torch.empty(x.shape, dtype=s.dtype, device=s.device)
+            out = torch.empty(x.shape, dtype=s.dtype, device=s.device)
+
+            def block(fn=path.fn, routed=routed, out=out):
+                weights, ids = route(F.linear(x, w.router), w.top_k)
+                fn(x, w.w13, w.w2, weights, ids, routed)
+                torch.add(routed, shared_expert(x, w), out=out)
+
+            rows.append(measure(m, block, lambda out=out: out.fill_(float("nan")),
+                                lambda out=out: (check_error(out, ref, scale), ""), s))
+    return rows

@@ -1,0 +1,119 @@
+"""The tuner's outputs for people: a console table per block, and the same as JSON and Markdown files."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .measure import Measurement
+from .targets import Verdict
+
+__all__ = ["format_rows", "layer_breakdown", "write_report"]
+
+TITLES = {
+    "moe_experts": "Routed experts (T tokens)",
+    "moe_block": "Whole MoE block: router + routed experts + shared expert (T tokens)",
+    "gdn_prefill": "Gated delta rule, prefill (B=1, T tokens)",
+    "gdn_decode": "Gated delta rule, one decode step (T=1, B sequences)",
+    "gdn_layer_prefill": "GDN layer by stage, prefill (B=1, T tokens)",
+    "gdn_layer_decode": "GDN layer by stage, decode (T=1, B sequences)",
+}
+HEADER = ("point", "path", "status", "eager us (IQR/med)", "graph us (IQR/med)", "err", "bound",
+          "floor us (hbm/compute)", "eager/floor", "graph/floor")
+
+
+def _us(t) -> str:
+    return "-" if t is None else f"{t.median_us:,.1f} ({t.spread:.0%})"
+
+
+def _num(x, fmt) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _cells(r: Measurement) -> tuple[str, ...]:
+    d = r.as_dict()
+    floor = "-" if r.floor is None or r.floor.us is None else (
+        f"{r.floor.us:,.1f} ({_num(r.floor.hbm_us, ',.1f')}/{_num(r.floor.compute_us, ',.1f')})")
+    graph = _us(r.graph) if r.graph else (r.graph_note or "-")
+    status = r.status if not r.detail else f"{r.status}: {r.detail}"
+    return (str(r.key), r.path, status, _us(r.eager), graph, _num(r.err_eager, ".2e"),
+            _num(r.bound if r.bound != float("inf") else None, ".0e"), floor,
+            _num(d["eager_x_floor"], ".1f"), _num(d["graph_x_floor"], ".1f"))
+
+
+def _blocks(rows: list[Measurement]) -> list[str]:
+    seen = []
+    for r in rows:
+        if r.block not in seen:
+            seen.append(r.block)
+    return seen
+
+
+def format_rows(rows: list[Measurement], block: str) -> str:
+    table = [HEADER] + [_cells(r) for r in rows if r.block == block]
+    widths = [min(60, max(len(row[i]) for row in table)) for i in range(len(HEADER))]
+    lines = [TITLES.get(block, block)]
+    for row in table:
+        lines.append("  ".join(c[:60].ljust(w) for c, w in zip(row, widths)).rstrip())
+    return "\n".join(lines)
+
+
+def _markdown_rows(rows: list[Measurement], block: str) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    for r in rows:
+        if r.block == block:
+            lines.append("| " + " | ".join(c.replace("|", "/") for c in _cells(r)) + " |")
+    return "\n".join(lines)
+
+
+def layer_breakdown(rows: list[Measurement]) -> list[str]:
+    """Per layer point: each stage's share of the layer (graph time where captured, else eager), the largest."""
+    out = []
+    for block in ("gdn_layer_prefill", "gdn_layer_decode"):
+        for key in sorted({r.key for r in rows if r.block == block}):
+            stages = {r.path: r for r in rows if r.block == block and r.key == key and r.status == "ok"}
+            layer = stages.pop("layer", None)
+            if not stages:
+                continue
+            mode = "graph" if all(r.graph for r in stages.values()) else "eager"
+            times = {n: (r.graph if mode == "graph" else r.eager).median_us for n, r in stages.items()}
+            top = max(times, key=times.get)
+            total = sum(times.values())
+            layer_us = None if layer is None else (layer.graph or layer.eager).median_us
+            shares = ", ".join(f"{n} {t:,.1f}" for n, t in times.items())
+            label = "prefill T=" if block == "gdn_layer_prefill" else "decode B="
+            out.append(f"{label}{key}: stages ({mode} us) {shares}; sum {total:,.1f}"
+                       f"{'' if layer_us is None else f', whole layer {layer_us:,.1f}'}; largest: {top} "
+                       f"({times[top] / total:.0%}); rule path {next(iter(stages.values())).extra.get('rule')}")
+    return out
+
+
+def write_report(directory: Path, meta: dict, rows: list[Measurement], table: dict | None,
+                 verdicts: list[Verdict], notes: list[str]) -> tuple[Path, Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = {**meta, "targets": [v.__dict__ | {"line": v.line()} for v in verdicts], "notes": notes,
+               "layer_breakdown": layer_breakdown(rows), "table": table, "rows": [r.as_dict() for r in rows]}
+    json_path = directory / "tune.json"
+    json_path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    md = [f"# `qwen36 tune` on {meta['device']} ({meta['date']})", "",
+          f"- command: `{meta['command']}`", f"- torch {meta['torch']}, triton {meta.get('triton')}, "
+          f"dtype {meta['dtype']}, dims {meta['dims']['name']}",
+          f"- ceilings: {meta['ceilings']}", f"- timing: {meta['timing']}", ""]
+    if verdicts:
+        md += ["## Targets", ""] + [f"- {v.line()}" for v in verdicts] + [""]
+    if notes:
+        md += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    breakdown = layer_breakdown(rows)
+    if breakdown:
+        md += ["## GDN layer: which stage dominates", ""] + [f"- {b}" for b in breakdown] + [""]
+    for block in _blocks(rows):
+        md += [f"## {TITLES.get(block, block)}", "", _markdown_rows(rows, block), ""]
+    if table:
+        md += ["## Dispatch table written", ""]
+        for block, spec in table["blocks"].items():
+            spans = "; ".join(f"{r['from']}..{r['to'] if r['to'] is not None else ''}: {r['path']}"
+                              for r in spec["ranges"])
+            md += [f"- {block} (by {spec['keyed_by']}): {spans}"]
+        md.append("")
+    md_path = directory / "tune.md"
+    md_path.write_text("\n".join(md))
+    return json_path, md_path

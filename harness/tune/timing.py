@@ -1,0 +1,104 @@
+"""Timing one call: eager and CUDA-graph replay, L2 flushed before every sample, CUDA events, median and spread.
+
+Every sample starts from an idle device with a cold L2: a >= 256 MB buffer is written (evicting the 60 MB
+L2 of an H200 several times over), the device is synchronised, then the call is timed between two events.
+Eager times therefore include the host's launch overhead, as serving without graphs pays it. On a CPU the
+host clock times the call and there is nothing to flush.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+__all__ = ["Timing", "L2Flusher", "time_eager", "capture_graph", "time_graph", "graphs_supported"]
+
+FLUSH_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_us: float
+    p25_us: float
+    p75_us: float
+    samples: int
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range over the median."""
+        return (self.p75_us - self.p25_us) / self.median_us if self.median_us > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {"median_us": self.median_us, "p25_us": self.p25_us, "p75_us": self.p75_us,
+                "spread": self.spread, "samples": self.samples}
+
+
+def _summarise(samples_us: list[float]) -> Timing:
+    q = statistics.quantiles(samples_us, n=4, method="inclusive") if len(samples_us) > 1 else samples_us * 3
+    return Timing(statistics.median(samples_us), q[0], q[2], len(samples_us))
+
+
+class L2Flusher:
+    def __init__(self, device: torch.device, nbytes: int = FLUSH_BYTES):
+        self.device = device
+        self.buffer = torch.empty(nbytes // 4, dtype=torch.float32, device=device) if device.type == "cuda" else None
+
+    def flush(self) -> None:
+        if self.buffer is not None:
+            self.buffer.fill_(1.0)  # a write: dirty lines of earlier data are evicted, not kept
+
+
+def graphs_supported(device: torch.device) -> bool:
+    return device.type == "cuda"
+
+
+def _sample(run: Callable[[], object], device: torch.device, flusher: L2Flusher, reps: int) -> Timing:
+    samples = []
+    for _ in range(reps):
+        flusher.flush()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3)
+        else:
+            t0 = time.perf_counter()
+            run()
+            samples.append((time.perf_counter() - t0) * 1e6)
+    return _summarise(samples)
+
+
+def time_eager(fn: Callable[[], object], device: torch.device, flusher: L2Flusher, reps: int, warmup: int) -> Timing:
+    for _ in range(warmup):  # compilation, autotuning, handle creation stay out of the samples
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return _sample(fn, device, flusher, reps)
+
+
+def capture_graph(fn: Callable[[], object], device: torch.device) -> tuple[torch.cuda.CUDAGraph | None, str | None]:
+    """(graph, None), or (None, why not) when the call cannot be captured (a host copy, a sync, ...).
+
+    `fn` must have run eagerly first (Triton compiles and autotunes outside the capture)."""
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as exc:  # the capture is abandoned; the stream leaves capture mode with it
+        torch.cuda.synchronize(device)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return None, f"not capturable: {type(exc).__name__}: {first[:160]}"
+    torch.cuda.synchronize(device)
+    return graph, None
+
+
+def time_graph(graph: torch.cuda.CUDAGraph, device: torch.device, flusher: L2Flusher, reps: int) -> Timing:
+    graph.replay()  # the first replay uploads the graph
+    torch.cuda.synchronize(device)
+    return _sample(graph.replay, device, flusher, reps)

@@ -1,0 +1,216 @@
+"""Measured dispatch tables: for each block, token-count (or batch) ranges -> the fastest correct path on a
+device, written by `qwen36 tune` on the serving machine, one JSON file per device name.
+
+Which table a dispatcher uses, per device it runs on:
+| variable               | value                  | meaning                                                        |
+|------------------------|------------------------|----------------------------------------------------------------|
+| QWEN36_DISPATCH_TABLE  | unset or empty         | the device's own table, `<dir>/<device name>.json` (CUDA only)  |
+|                        | `off`                  | no table: the knobs of model.moe.config decide, as before       |
+|                        | a path to a JSON table | that table, on any device (CPU included)                        |
+| QWEN36_DISPATCH_DIR    | a directory            | where device tables live (default: the checkout's              |
+|                        |                        | fixtures/dispatch, beside the `model` package)                  |
+A device name becomes a file name by lower-casing it and joining its words with '-' ("NVIDIA H200" ->
+nvidia-h200.json). With no table for the device, or none on a CPU unless named explicitly, the dispatchers
+keep their knob-driven choice, so CPU behaviour is unchanged. A table applies only to inputs of the dtype it
+was measured in, and an entry naming a path that cannot run the input falls back to the knobs too.
+
+File format (schema "qwen36-dispatch/1"):
+    {"schema": "qwen36-dispatch/1", "device": "NVIDIA H200", "dtype": "bfloat16", "recorded": {...},
+     "blocks": {"moe_experts": {"keyed_by": "tokens", "ranges": [{"from": 1, "to": 1, "path": "decode_fused"},
+                                                                  {"from": 2, "to": null, "path": "..."}]}, ...}}
+`to: null` leaves the range open above. Extra keys (timings, notes) are kept for readers and ignored here.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
+
+import torch
+
+__all__ = [
+    "BLOCKS",
+    "DIR_ENV",
+    "SCHEMA",
+    "TABLE_ENV",
+    "CHECKOUT_TABLE_DIR",
+    "DispatchTable",
+    "DispatchTableError",
+    "TableChoice",
+    "TokenRange",
+    "choose_table",
+    "clear_table_cache",
+    "load_dispatch_table",
+    "table_choice_for",
+    "table_file_name",
+    "table_path_for",
+]
+
+SCHEMA = "qwen36-dispatch/1"
+TABLE_ENV = "QWEN36_DISPATCH_TABLE"
+DIR_ENV = "QWEN36_DISPATCH_DIR"
+CHECKOUT_TABLE_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "dispatch"
+# block -> what its ranges count: tokens per call, or sequences per decode step.
+BLOCKS = {"moe_experts": "tokens", "gdn_prefill": "tokens", "gdn_decode": "batch"}
+
+
+class DispatchTableError(ValueError):
+    """A table file or setting the dispatchers cannot use; the message names the file or variable and the fix."""
+
+
+@dataclass(frozen=True)
+class TokenRange:
+    low: int
+    high: int | None  # None: no upper bound
+    path: str
+
+    def holds(self, n: int) -> bool:
+        return self.low <= n and (self.high is None or n <= self.high)
+
+
+@dataclass(frozen=True)
+class DispatchTable:
+    device: str
+    dtype: str
+    blocks: Mapping[str, tuple[TokenRange, ...]]
+    source: str  # the file it was read from
+
+    def path_for(self, block: str, n: int, dtype: torch.dtype | None) -> str | None:
+        """The table's path for `n` (tokens or batch, as the block counts), or None outside its ranges or dtype."""
+        if dtype is not None and str(dtype).removeprefix("torch.") != self.dtype:
+            return None
+        for r in self.blocks.get(block, ()):
+            if r.holds(n):
+                return r.path
+        return None
+
+
+def table_file_name(device_name: str) -> str:
+    """"NVIDIA H200" -> "nvidia-h200.json"; "Iluvatar BI-V100" -> "iluvatar-bi-v100.json"."""
+    stem = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+    if not stem:
+        raise DispatchTableError(f"device name {device_name!r} has no letters or digits to name a table file")
+    return f"{stem}.json"
+
+
+def _ranges(source: str, block: str, raw) -> tuple[TokenRange, ...]:
+    ranges = raw.get("ranges") if isinstance(raw, dict) else None
+    if not isinstance(ranges, list) or not ranges:
+        raise DispatchTableError(f"{source}: block {block!r} needs a non-empty list `ranges`")
+    out: list[TokenRange] = []
+    for entry in ranges:
+        try:
+            low, high, path = entry["from"], entry["to"], entry["path"]
+        except (KeyError, TypeError):
+            raise DispatchTableError(f"{source}: {block} range {entry!r} needs `from`, `to` and `path`") from None
+        if not isinstance(low, int) or low < 1 or (high is not None and (not isinstance(high, int) or high < low)):
+            raise DispatchTableError(f"{source}: {block} range {entry!r}: need 1 <= from <= to (to may be null)")
+        if not isinstance(path, str) or not path:
+            raise DispatchTableError(f"{source}: {block} range {entry!r}: `path` must name a registered path")
+        if out and (out[-1].high is None or low <= out[-1].high):
+            raise DispatchTableError(f"{source}: {block} ranges overlap or are out of order at {entry!r}")
+        out.append(TokenRange(low, high, path))
+    return tuple(out)
+
+
+def load_dispatch_table(path: str | Path) -> DispatchTable:
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as exc:
+        raise DispatchTableError(f"dispatch table {path} cannot be read ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise DispatchTableError(f"dispatch table {path} is not JSON ({exc}); rewrite it with `qwen36 tune`") from None
+    source = str(path)
+    if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
+        raise DispatchTableError(f"{source}: schema is {raw.get('schema') if isinstance(raw, dict) else None!r}, "
+                                 f"expected {SCHEMA!r}; rewrite it with `qwen36 tune`")
+    blocks = raw.get("blocks")
+    if not isinstance(blocks, dict):
+        raise DispatchTableError(f"{source}: `blocks` must map block names to ranges")
+    unknown = sorted(set(blocks) - set(BLOCKS))
+    if unknown:
+        raise DispatchTableError(f"{source}: unknown blocks {unknown}; known: {sorted(BLOCKS)}")
+    for key in ("device", "dtype"):
+        if not isinstance(raw.get(key), str):
+            raise DispatchTableError(f"{source}: `{key}` must be a string")
+    return DispatchTable(raw["device"], raw["dtype"], {b: _ranges(source, b, r) for b, r in blocks.items()}, source)
+
+
+@functools.lru_cache(maxsize=16)
+def _load_cached(path: str, mtime_ns: int) -> DispatchTable:
+    return load_dispatch_table(path)
+
+
+def _load(path: Path) -> DispatchTable:
+    return _load_cached(str(path), path.stat().st_mtime_ns)
+
+
+@dataclass(frozen=True)
+class TableChoice:
+    table: DispatchTable | None
+    detail: str  # the table used, or why none is: for the plugin's status row and logs
+
+
+def choose_table(device_name: str | None, environ: Mapping[str, str] | None = None) -> TableChoice:
+    """The table for a device called `device_name` (None: a CPU, or a device not known yet)."""
+    env = os.environ if environ is None else environ
+    setting = env.get(TABLE_ENV, "").strip()
+    if setting.lower() == "off":
+        return TableChoice(None, f"{TABLE_ENV}=off: the knobs decide")
+    if setting:
+        path = Path(setting)
+        if not path.is_file():
+            raise DispatchTableError(f"{TABLE_ENV}={setting!r} is not a file: give a table written by "
+                                     "`qwen36 tune`, or `off`, or unset it for the device's own table")
+        return TableChoice(_load(path), f"{path} (from {TABLE_ENV})")
+    if device_name is None:
+        return TableChoice(None, f"no device table on a CPU (set {TABLE_ENV} to use one): the knobs decide")
+    directory = Path(env.get(DIR_ENV) or CHECKOUT_TABLE_DIR)
+    path = directory / table_file_name(device_name)
+    if path.is_file():
+        return TableChoice(_load(path), str(path))
+    if not directory.is_dir():
+        return TableChoice(None, f"no table for {device_name}: {directory} does not exist (installed without the "
+                                 f"checkout's fixtures/dispatch? set {DIR_ENV} or {TABLE_ENV}): the knobs decide")
+    return TableChoice(None, f"no table for {device_name} ({path} is missing; record one with `qwen36 tune`): "
+                             "the knobs decide")
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+@functools.lru_cache(maxsize=64)
+def _choice_cached(device_type: str, index: int | None, table_setting: str, dir_setting: str) -> TableChoice:
+    name = _cuda_device_name(index) if device_type == "cuda" else None
+    return choose_table(name, {TABLE_ENV: table_setting, DIR_ENV: dir_setting})
+
+
+def table_choice_for(device: torch.device | str) -> TableChoice:
+    """The table for the device a dispatcher runs on (cached per device and setting: dispatch is hot)."""
+    device = torch.device(device)
+    index = device.index if device.type != "cuda" or device.index is not None else torch.cuda.current_device()
+    return _choice_cached(device.type, index, os.environ.get(TABLE_ENV, ""), os.environ.get(DIR_ENV, ""))
+
+
+def table_path_for(
+    block: str, n: int, device: torch.device | str, dtype: torch.dtype, can_run: Callable[[str], bool]
+) -> str | None:
+    """The table's path for `n` on this device, if there is one and `can_run(path)`; else None (use the knobs)."""
+    table = table_choice_for(device).table
+    if table is None:
+        return None
+    name = table.path_for(block, n, dtype)
+    return name if name is not None and can_run(name) else None
+
+
+def clear_table_cache() -> None:
+    """Forget loaded tables and choices (tests, or after rewriting a table in the same process)."""
+    _load_cached.cache_clear()
+    _choice_cached.cache_clear()

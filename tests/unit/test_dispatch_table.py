@@ -1,0 +1,210 @@
+"""Dispatch tables (model.dispatch_table): file names, loading and its errors, which table a device gets, and
+the MoE and GDN dispatchers following a table, falling back to the knobs wherever it has nothing to say."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from unittest.mock import patch
+
+import pytest
+import torch
+
+from model.dispatch_table import (
+    CHECKOUT_TABLE_DIR, DIR_ENV, SCHEMA, TABLE_ENV, DispatchTableError, choose_table, clear_table_cache,
+    load_dispatch_table, table_file_name,
+)
+from model.gdn import GDN_RULE_PATHS, GDNState, gdn_layer, select_rule_path
+from model.moe import EXPERT_PATHS, MoEConfig, dispatch_experts, select_expert_path
+from patches import moe_experts
+from tests.numerics.gdn_attention_cases import TINY_GDN, generator, random_gdn_weights, randn
+from tests.numerics.moe_cases import MoECase, make_hidden, make_moe_weights, make_routing
+
+F32 = torch.float32
+
+
+def table_json(blocks: dict, dtype: str = "float32", device: str = "cpu") -> dict:
+    return {"schema": SCHEMA, "device": device, "dtype": dtype, "recorded": {}, "blocks": blocks}
+
+
+def ranges(*spans) -> dict:
+    return {"keyed_by": "tokens", "ranges": [{"from": lo, "to": hi, "path": p} for lo, hi, p in spans]}
+
+
+MOE_TABLE = {"moe_experts": ranges((1, 2, "tiny_bmm"), (3, 9, "grouped_mm"), (10, None, "sorted"))}
+GDN_TABLE = {"gdn_prefill": ranges((1, None, "recurrent_reference")),
+             "gdn_decode": dict(ranges((1, 3, "chunked"), (4, None, "recurrent_reference")), keyed_by="batch")}
+
+
+@pytest.fixture
+def use_table(tmp_path, monkeypatch):
+    """Point QWEN36_DISPATCH_TABLE at a table written from `blocks`; the caches are cleared either side."""
+
+    def write(blocks: dict, dtype: str = "float32"):
+        path = tmp_path / "table.json"
+        path.write_text(json.dumps(table_json(blocks, dtype)))
+        monkeypatch.setenv(TABLE_ENV, str(path))
+        clear_table_cache()
+        return path
+
+    clear_table_cache()
+    yield write
+    monkeypatch.delenv(TABLE_ENV, raising=False)
+    clear_table_cache()
+
+
+@pytest.fixture(autouse=True)
+def no_table_settings(monkeypatch):
+    monkeypatch.delenv(TABLE_ENV, raising=False)
+    monkeypatch.delenv(DIR_ENV, raising=False)
+    clear_table_cache()
+
+
+def knob_path(tokens: int, config: MoEConfig) -> str:
+    """The knobs' rule, restated from model/moe/config.py's table."""
+    if not config.native:
+        return "reference"
+    if tokens == 1 and config.decode_native:
+        return "decode_fused"
+    if tokens <= config.tiny_max:
+        return {"tokenwise": "tiny_tokenwise", "bmm": "tiny_bmm"}[config.tiny_impl]
+    return config.prefill_impl
+
+
+@pytest.mark.parametrize(("name", "file"), [("NVIDIA H200", "nvidia-h200.json"),
+                                            ("Iluvatar BI-V100", "iluvatar-bi-v100.json"),
+                                            ("NVIDIA H100 80GB HBM3", "nvidia-h100-80gb-hbm3.json")])
+def test_device_names_become_file_names(name, file):
+    assert table_file_name(name) == file
+
+
+def test_a_device_name_without_letters_or_digits_is_refused():
+    with pytest.raises(DispatchTableError, match="no letters or digits"):
+        table_file_name(" -- ")
+
+
+def test_lookup_inside_between_and_past_the_ranges(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table_json({"moe_experts": ranges((2, 4, "a"), (8, None, "b"))})))
+    t = load_dispatch_table(path)
+    assert [t.path_for("moe_experts", n, F32) for n in (1, 2, 4, 5, 8, 10**6)] == [None, "a", "a", None, "b", "b"]
+    assert t.path_for("gdn_decode", 2, F32) is None, "a block the table lacks"
+    assert t.path_for("moe_experts", 2, torch.bfloat16) is None, "measured in float32 only"
+
+
+@pytest.mark.parametrize(("content", "match"), [
+    ("not json", "is not JSON"),
+    (json.dumps({"schema": "other", "blocks": {}}), "schema"),
+    (json.dumps(table_json({"moe_block": ranges((1, None, "a"))})), "unknown blocks"),
+    (json.dumps(table_json({"moe_experts": ranges((1, 4, "a"), (4, None, "b"))})), "overlap"),
+    (json.dumps(table_json({"moe_experts": ranges((3, 2, "a"))})), "from <= to"),
+    (json.dumps(table_json({"moe_experts": {"ranges": [{"from": 1, "path": "a"}]}})), "needs `from`, `to`"),
+    (json.dumps(table_json({"moe_experts": {"ranges": []}})), "non-empty"),
+])
+def test_broken_tables_are_refused_with_the_file_named(tmp_path, content, match):
+    path = tmp_path / "broken.json"
+    path.write_text(content)
+    with pytest.raises(DispatchTableError, match=match) as info:
+        load_dispatch_table(path)
+    assert "broken.json" in str(info.value)
+
+
+def test_which_table_a_device_gets(tmp_path):
+    (tmp_path / "nvidia-h200.json").write_text(json.dumps(table_json(MOE_TABLE, "bfloat16", "NVIDIA H200")))
+    own = choose_table("NVIDIA H200", {DIR_ENV: str(tmp_path)})
+    assert own.table is not None and own.table.device == "NVIDIA H200" and "nvidia-h200.json" in own.detail
+    missing = choose_table("NVIDIA H100", {DIR_ENV: str(tmp_path)})
+    assert missing.table is None and "nvidia-h100.json is missing" in missing.detail
+    gone = choose_table("NVIDIA H200", {DIR_ENV: str(tmp_path / "nowhere")})
+    assert gone.table is None and "does not exist" in gone.detail and DIR_ENV in gone.detail
+    cpu = choose_table(None, {DIR_ENV: str(tmp_path)})
+    assert cpu.table is None and "CPU" in cpu.detail
+    off = choose_table("NVIDIA H200", {DIR_ENV: str(tmp_path), TABLE_ENV: "off"})
+    assert off.table is None and "off" in off.detail
+    forced = choose_table(None, {TABLE_ENV: str(tmp_path / "nvidia-h200.json")})
+    assert forced.table is not None and TABLE_ENV in forced.detail
+
+
+def test_a_table_setting_naming_no_file_is_an_error():
+    with pytest.raises(DispatchTableError, match=TABLE_ENV):
+        choose_table(None, {TABLE_ENV: "/no/such/table.json"})
+
+
+def test_the_default_directory_is_the_checkouts_fixtures():
+    assert CHECKOUT_TABLE_DIR.parts[-2:] == ("fixtures", "dispatch")
+    assert (CHECKOUT_TABLE_DIR.parent.parent / "model" / "dispatch_table.py").is_file()
+
+
+@pytest.mark.parametrize("config", [MoEConfig(), MoEConfig(tiny_impl="bmm", tiny_max=8, prefill_impl="grouped_mm"),
+                                    MoEConfig(decode_native=False)])
+def test_cpu_without_a_table_keeps_the_knobs_exactly(config):
+    for tokens in (1, 2, 4, 5, 8, 9, 64, 4096):
+        assert select_expert_path(tokens, config, "cpu", F32) == knob_path(tokens, config)
+        assert select_expert_path(tokens, config) == knob_path(tokens, config)
+
+
+def test_moe_follows_the_table_and_falls_back_outside_it(use_table):
+    use_table(MOE_TABLE)
+    config = MoEConfig()
+    want = {1: "tiny_bmm", 2: "tiny_bmm", 3: "grouped_mm", 9: "grouped_mm", 10: "sorted", 5000: "sorted"}
+    for tokens, path in want.items():
+        assert select_expert_path(tokens, config, "cpu", F32) == path
+    assert select_expert_path(1, MoEConfig(native=False), "cpu", F32) == "reference", "MOE_NATIVE=0 still wins"
+    assert select_expert_path(3, config, "cpu", torch.float64) == knob_path(3, config), "dtype not measured"
+    assert select_expert_path(3, config) == knob_path(3, config), "no device given: the knobs"
+
+
+def test_a_table_path_that_cannot_run_the_input_falls_back_to_the_knobs(use_table):
+    use_table({"moe_experts": ranges((1, 4, "no_such_path"), (5, None, "decode_fused"))})
+    assert select_expert_path(2, MoEConfig(), "cpu", F32) == knob_path(2, MoEConfig()), "unregistered"
+    assert select_expert_path(6, MoEConfig(), "cpu", F32) == knob_path(6, MoEConfig()), "decode_fused is T == 1"
+
+
+def test_dispatch_experts_runs_the_tables_path(use_table):
+    use_table(MOE_TABLE)
+    calls = []
+    spies = {n: dataclasses.replace(p, fn=lambda *a, _f=p.fn, _n=n: (calls.append(_n), _f(*a))[1])
+             for n, p in EXPERT_PATHS.items()}
+    case = MoECase(3, experts=8, top_k=2, hidden=16, intermediate=8, shared_intermediate=8, pattern="random", seed=0)
+    x, w = make_hidden(case, F32), make_moe_weights(case, F32)
+    weights, ids = make_routing(case)
+    with patch.dict(EXPERT_PATHS, spies):
+        dispatch_experts(x, w.w13, w.w2, weights, ids, MoEConfig())
+    assert calls == ["grouped_mm"]
+
+
+def test_gdn_follows_the_table_by_batch_for_decode_and_tokens_for_prefill(use_table):
+    assert select_rule_path(1, 8, "cpu", F32) == "decode_step" and select_rule_path(9, 1, "cpu", F32) == "chunked"
+    use_table(GDN_TABLE)
+    assert select_rule_path(1, 2, "cpu", F32) == "chunked"
+    assert select_rule_path(1, 4, "cpu", F32) == "recurrent_reference"
+    assert select_rule_path(7, 1, "cpu", F32) == "recurrent_reference"
+    assert select_rule_path(7) == "chunked", "no device given: the token-count rule"
+
+
+def test_the_gdn_layer_runs_the_tables_rule_path(use_table):
+    use_table({"gdn_prefill": ranges((1, None, "recurrent_reference"))})
+    calls = []
+    spies = {n: dataclasses.replace(p, fn=lambda *a, _f=p.fn, _n=n: (calls.append(_n), _f(*a))[1])
+             for n, p in GDN_RULE_PATHS.items()}
+    gen = generator(0)
+    w = random_gdn_weights(gen, TINY_GDN, F32)
+    with patch.dict(GDN_RULE_PATHS, spies):
+        gdn_layer(randn(gen, 1, 3, TINY_GDN.hidden_size), w, GDNState.zeros(1, TINY_GDN, F32))
+        gdn_layer(randn(gen, 1, 1, TINY_GDN.hidden_size), w, GDNState.zeros(1, TINY_GDN, F32))
+    assert calls == ["recurrent_reference", "decode_step"], "prefill from the table, decode from the default"
+
+
+def test_the_plugin_status_names_the_table(use_table, tmp_path, monkeypatch):
+    monkeypatch.setattr(moe_experts, "_device_name", lambda: None)  # vLLM's platform would name the GPU
+    path = use_table(MOE_TABLE)
+    assert str(path) in moe_experts._table_detail()
+    monkeypatch.delenv(TABLE_ENV)
+    (tmp_path / "nvidia-h200.json").write_text(json.dumps(table_json(MOE_TABLE, "bfloat16", "NVIDIA H200")))
+    monkeypatch.setenv(DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(moe_experts, "_device_name", lambda: "NVIDIA H200")
+    assert str(tmp_path / "nvidia-h200.json") in moe_experts._table_detail()
+    monkeypatch.setattr(moe_experts, "_device_name", lambda: None)
+    assert "CPU" in moe_experts._table_detail()
+    monkeypatch.setenv(TABLE_ENV, str(tmp_path / "missing.json"))
+    with pytest.raises(DispatchTableError, match=TABLE_ENV):  # the status row then reads `failed`, with this
+        moe_experts._table_detail()

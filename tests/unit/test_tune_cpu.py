@@ -1,0 +1,77 @@
+"""`qwen36 tune` end to end on a CPU at tiny dims (eager only): it checks and times every available path,
+writes a report and a dispatch table, and the dispatchers then follow that table."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from harness.cli import main
+from model.dispatch_table import TABLE_ENV, clear_table_cache, load_dispatch_table
+from model.gdn import select_rule_path
+from model.moe import MoEConfig, select_expert_path
+
+MOE_POINTS, BLOCK_POINTS, PREFILL_POINTS, DECODE_POINTS = (1, 3, 16), (1,), (64,), (1, 4)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tune")
+    code = main(["tune", "--device", "cpu", "--dims", "tiny", "--reps", "1", "--warmup", "0", "--no-progress",
+                 "--prune-factor", "1e9",  # time every path at every point: the test checks the choice
+                 "--moe-tokens", ",".join(map(str, MOE_POINTS)), "--moe-block-tokens", ",".join(map(str, BLOCK_POINTS)),
+                 "--gdn-prefill-tokens", ",".join(map(str, PREFILL_POINTS)),
+                 "--gdn-decode-batches", ",".join(map(str, DECODE_POINTS)), "--report-dir", str(out)])
+    return code, out, json.loads((out / "tune.json").read_text())
+
+
+def fastest(rows, block, key):
+    """The rule the table must follow, restated: the lowest eager median among rows whose check passed."""
+    ok = [r for r in rows if r["block"] == block and r["key"] == key and r["status"] == "ok"]
+    return min(ok, key=lambda r: r["eager"]["median_us"])["path"]
+
+
+def test_the_command_checks_every_available_path_and_writes_its_files(tuned):
+    code, out, report = tuned
+    assert code == 0
+    assert {(out / f).is_file() for f in ("tune.json", "tune.md", "cpu.json")} == {True}
+    rows = report["rows"]
+    for block, points in (("moe_experts", MOE_POINTS), ("moe_block", BLOCK_POINTS), ("gdn_prefill", PREFILL_POINTS),
+                          ("gdn_decode", DECODE_POINTS)):
+        assert {r["key"] for r in rows if r["block"] == block} == set(points), block
+    ok = [r for r in rows if r["status"] == "ok" and r["bound"] is not None and r["block"] in
+          ("moe_experts", "moe_block", "gdn_prefill", "gdn_decode")]
+    assert ok and all(r["err_eager"] <= r["bound"] for r in ok)
+    assert {r["path"] for r in rows if r["block"] == "moe_experts" and r["key"] == 16} >= {"sorted", "tiny_bmm"}
+    assert all(r["graph"] is None and "no CUDA graphs" in r["graph_note"] for r in ok)
+    assert any("fla_recurrent" in n and "CUDA" in n for n in report["notes"]), report["notes"]
+    stages = {r["path"] for r in rows if r["block"] == "gdn_layer_decode"}
+    assert stages == {"in_proj", "conv", "gating", "rule", "gated_norm", "out_proj", "layer"}
+
+
+def test_the_table_holds_the_fastest_correct_path_at_each_point(tuned):
+    _, out, report = tuned
+    table = load_dispatch_table(out / "cpu.json")
+    rows = report["rows"]
+    for block, points in (("moe_experts", MOE_POINTS), ("gdn_prefill", PREFILL_POINTS), ("gdn_decode", DECODE_POINTS)):
+        for key in points:
+            source = "moe_block" if block == "moe_experts" and key in BLOCK_POINTS else block
+            assert table.path_for(block, key, torch.float32) == fastest(rows, source, key), (block, key)
+
+
+def test_the_dispatchers_follow_the_written_table(tuned, monkeypatch):
+    _, out, _ = tuned
+    table = load_dispatch_table(out / "cpu.json")
+    monkeypatch.setenv(TABLE_ENV, str(out / "cpu.json"))
+    clear_table_cache()
+    try:
+        for tokens in (*MOE_POINTS, 2, 5, 100):
+            assert select_expert_path(tokens, MoEConfig(), "cpu", torch.float32) == \
+                table.path_for("moe_experts", tokens, torch.float32)
+        for batch in (*DECODE_POINTS, 2, 300):
+            assert select_rule_path(1, batch, "cpu", torch.float32) == table.path_for("gdn_decode", batch, torch.float32)
+        assert select_rule_path(64, 1, "cpu", torch.float32) == table.path_for("gdn_prefill", 64, torch.float32)
+    finally:
+        monkeypatch.delenv(TABLE_ENV)
+        clear_table_cache()

@@ -1,0 +1,75 @@
+"""The tuner's decisions from given measurements: which path a table range gets, and the targets' verdicts."""
+from __future__ import annotations
+
+import json
+
+from harness.tune.floors import Floor
+from harness.tune.measure import Measurement
+from harness.tune.table import build_table, write_table
+from harness.tune.targets import judge_targets
+from harness.tune.timing import Timing
+from model.dispatch_table import load_dispatch_table
+
+
+def row(block, key, path, eager_us, graph_us=None, status="ok", floor_us=None):
+    t = lambda us: None if us is None else Timing(us, us * 0.95, us * 1.05, 20)  # noqa: E731
+    return Measurement(block, key, path, status, eager=t(eager_us), graph=t(graph_us),
+                       floor=None if floor_us is None else Floor(floor_us, None))
+
+
+def spans(table, block):
+    return [(r["from"], r["to"], r["path"]) for r in table["blocks"][block]["ranges"]]
+
+
+def test_graph_time_ranks_where_captured_and_eager_time_otherwise():
+    rows = [row("moe_experts", 1, "tiny_bmm", 200, 40), row("moe_experts", 1, "grouped_mm", 30),  # not capturable
+            row("moe_experts", 8, "tiny_bmm", 400, 100), row("moe_experts", 8, "sorted", 900, 60)]
+    graph = build_table(rows, "dev", "bfloat16", prefer_graph=True, recorded={})
+    assert spans(graph, "moe_experts") == [(1, 7, "grouped_mm"), (8, None, "sorted")]
+    eager = build_table(rows, "dev", "bfloat16", prefer_graph=False, recorded={})
+    assert spans(eager, "moe_experts") == [(1, 7, "grouped_mm"), (8, None, "tiny_bmm")]
+
+
+def test_a_path_limited_to_one_token_gets_only_that_token_and_the_next_best_takes_the_rest():
+    rows = [row("moe_experts", 1, "decode_fused", 10), row("moe_experts", 1, "tiny_bmm", 20),
+            row("moe_experts", 1, "sorted", 30), row("moe_experts", 4, "sorted", 50)]
+    table = build_table(rows, "dev", "bfloat16", prefer_graph=False, recorded={})
+    assert spans(table, "moe_experts") == [(1, 1, "decode_fused"), (2, 3, "tiny_bmm"), (4, None, "sorted")]
+
+
+def test_wrong_or_failed_paths_never_win_and_block_timings_decide_their_points():
+    rows = [row("moe_experts", 1, "tiny_bmm", 5, status="wrong"), row("moe_experts", 1, "sorted", 50),
+            row("moe_experts", 1, "grouped_mm", 40, status="error"), row("moe_experts", 1, "tiny_tokenwise", 60),
+            row("moe_block", 1, "tiny_tokenwise", 70), row("moe_block", 1, "sorted", 90)]
+    table = build_table(rows, "dev", "bfloat16", prefer_graph=False, recorded={})
+    assert spans(table, "moe_experts") == [(1, None, "tiny_tokenwise")]
+
+
+def test_gdn_blocks_are_keyed_by_tokens_and_by_batch(tmp_path):
+    rows = [row("gdn_prefill", 64, "chunked", 100), row("gdn_prefill", 64, "fla_chunk", 50),
+            row("gdn_decode", 1, "decode_step", 30), row("gdn_decode", 1, "fla_recurrent", 10),
+            row("gdn_decode", 64, "decode_step", 20), row("gdn_decode", 64, "fla_recurrent", 25)]
+    table = build_table(rows, "NVIDIA H200", "bfloat16", prefer_graph=False, recorded={"date": "d"})
+    assert spans(table, "gdn_prefill") == [(1, None, "fla_chunk")]
+    assert spans(table, "gdn_decode") == [(1, 63, "fla_recurrent"), (64, None, "decode_step")]
+    assert table["blocks"]["gdn_decode"]["keyed_by"] == "batch"
+    path = write_table(table, tmp_path / "nvidia-h200.json")
+    assert load_dispatch_table(path).path_for("gdn_decode", 100, None) == "decode_step"
+
+
+def test_rewriting_one_side_keeps_the_other_sides_blocks(tmp_path):
+    path = tmp_path / "t.json"
+    write_table(build_table([row("moe_experts", 1, "sorted", 5)], "d", "bfloat16", False, {}), path)
+    write_table(build_table([row("gdn_decode", 1, "decode_step", 5)], "d", "bfloat16", False, {}), path)
+    assert set(json.loads(path.read_text())["blocks"]) == {"moe_experts", "gdn_decode"}
+
+
+def test_targets_say_met_or_missed_by_how_much():
+    rows = [row("gdn_decode", 1, "fla_recurrent", 60, 15), row("gdn_decode", 256, "fla_recurrent", 200, 150),
+            row("moe_experts", 2, "triton_decode", 100, 30, floor_us=10)]
+    lines = {v.target: v.line() for v in judge_targets(rows)}
+    assert lines["GDN decode B=1, graph"].endswith("15.0 us by fla_recurrent: met")
+    assert "MISSED by 30.0 us (1.25x)" in lines["GDN decode B=256, graph"]
+    assert "MISSED by 10.0 us (1.50x)" in lines["MoE experts T=2, graph, 2x floor"]
+    assert lines["MoE experts T=1, graph"].endswith("not measured"), "its block ran, that point did not"
+    assert "GDN prefill T=16384, graph" not in lines, "a block this run did not measure is not judged"
