@@ -16,7 +16,7 @@ Method (every figure is measured here):
   config per T, and the run prints the tables to paste into model/moe/triton_*.py. With --no-sweep the
   table uses the registered per-T configs (DECODE_CONFIGS, GROUPED_CONFIGS) as they are.
 Floors: HBM = (distinct experts' weights touched + x + out + routing) / 4.3 TB/s; compute = 6*T*k*H*I FLOP /
-790 TFLOP/s (the rates measured on these machines, KINDS.md; this run also measures a copy and a GEMM).
+790 TFLOP/s (the rates measured on the H200s this project was lent; this run also measures a copy and a GEMM).
 Writes DIR/moe_triton_bench.json and DIR/moe_triton_bench.md.
 """
 from __future__ import annotations

@@ -19,7 +19,7 @@ class Ceilings:
 
 
 CEILINGS = {
-    # Measured on this workplace's H200s (device KINDS.md, 2026-10-28 and 2026-11-04): a device-to-device copy
+    # Measured on the H200s this project was lent (2026-10-28 and 2026-11-04): a device-to-device copy
     # moved 4.3 TB/s counting bytes read and written; an 8192^3 bf16 product ran at 769-798 TFLOP/s.
     "nvidia-h200": Ceilings(4.3e12, 7.9e14, "measured H200 copy 4.3 TB/s, bf16 GEMM 790 TFLOP/s"),
     # Vendor datasheet figures for the BI-V100 (HBM2 1.2 TB/s, fp16/bf16 147 TFLOP/s), not measured here:
