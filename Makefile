@@ -20,11 +20,13 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# Tests that measure wall-clock time (client calibration, agreement with vLLM's client, perf gates) run
+# alone, after the parallel suite, so the other tests' load cannot skew them. Both runs share one embedded
+# server, started at once in the background and ended at the end (harness/suite_session.py).
 test: venv
-	$(PY) -m pytest -n auto --hypothesis-profile=$(HYPOTHESIS_PROFILE) -m "not timing" $(PYTEST_ARGS)
-	# Tests that measure wall-clock time (client calibration, agreement with vLLM's client, perf gates) run
-	# alone, after the parallel suite, so the other tests' load cannot skew them.
-	$(PY) -m pytest --hypothesis-profile=$(HYPOTHESIS_PROFILE) -m timing $(PYTEST_ARGS)
+	$(PY) -m harness.suite_session \
+		-- $(PY) -m pytest -n auto --hypothesis-profile=$(HYPOTHESIS_PROFILE) -m "not timing" $(PYTEST_ARGS) \
+		-- $(PY) -m pytest --hypothesis-profile=$(HYPOTHESIS_PROFILE) -m timing $(PYTEST_ARGS)
 
 # Only the CPU numerics: the quick loop on a laptop.
 test-numerics: venv

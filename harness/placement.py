@@ -35,6 +35,14 @@ class CpuLayout:
     def server_env(self) -> dict[str, str]:
         return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, self.worker))}
 
+    def mirrored(self) -> "CpuLayout":
+        """The two-core layout on swapped cores (worker and engine on the second, frontend on the first):
+        where a second server starts while another starts, so the two compile on different cores. Other
+        layouts are their own mirror: swapping would change the worker's thread count."""
+        if self.worker != self.engine or len(self.worker) != len(self.frontend):
+            return self
+        return CpuLayout(worker=self.frontend, engine=self.frontend, frontend=self.worker)
+
     def describe(self) -> str:
         return (f"worker cores {list(self.worker)}, engine core {list(self.engine)}, "
                 f"API server and client {list(self.frontend)}")
@@ -69,9 +77,11 @@ def _title(p: psutil.Process) -> str:
         return ""
 
 
-def apply_to_server(leader_pid: int, layout: CpuLayout) -> dict[str, list[int]]:
-    """Place a running server's tree: the engine core on `layout.engine`, the worker left where vLLM bound
-    it, everything else (the API server and its helpers) on `layout.frontend`. Returns pid -> cores."""
+def apply_to_server(leader_pid: int, layout: CpuLayout, move_worker: bool = False) -> dict[str, list[int]]:
+    """Place a running server's tree: the engine core on `layout.engine`, everything else (the API server
+    and its helpers) on `layout.frontend`, and the worker left where vLLM bound it unless `move_worker`
+    (a server started on the mirrored layout: its one OpenMP thread per core moves, thread by thread, to
+    `layout.worker`, as vLLM would have bound it there). Returns pid -> cores."""
     placed: dict[str, list[int]] = {}
     try:
         leader = psutil.Process(leader_pid)
@@ -81,8 +91,11 @@ def apply_to_server(leader_pid: int, layout: CpuLayout) -> dict[str, list[int]]:
     for p in tree:
         title = _title(p)
         if title.startswith(WORKER_TITLE):
-            continue
-        cores = layout.engine if title.startswith(ENGINE_TITLE) else layout.frontend
+            if not move_worker:
+                continue
+            cores = layout.worker
+        else:
+            cores = layout.engine if title.startswith(ENGINE_TITLE) else layout.frontend
         _set_process(p.pid, cores)
         placed[f"{p.pid} {title.split()[0] if title else '?'}"] = list(cores)
     return placed

@@ -76,6 +76,10 @@ class ServerConfig:
     # Place the engine core with the worker and the API server (and our client) on another core: on a
     # 2-core machine this is what keeps streams from stalling (harness/placement.py). vLLM commands only.
     place_processes: bool = True
+    # Start on the mirrored layout, then move every process, the worker too, to the layout once ready: two
+    # servers starting together then compile on different cores (their workers' torch.compile is most of a
+    # start and runs on the worker's core).
+    start_mirrored: bool = False
 
 
 def embedded_config(model_dir: Path | str, **overrides) -> ServerConfig:
@@ -157,8 +161,9 @@ class ManagedServer:
 
     def start(self) -> "ManagedServer":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        start_layout = self.layout.mirrored() if self.layout and self.cfg.start_mirrored else self.layout
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.cfg.cpu_kvcache_gib),
-               **(self.layout.server_env() if self.layout else {}), **self.cfg.env}
+               **(start_layout.server_env() if start_layout else {}), **self.cfg.env}
         with open(self.log_path, "ab") as log:
             log.write(f"$ {self.command_line}\n".encode())
             log.flush()
@@ -183,7 +188,7 @@ class ManagedServer:
         """After readiness every process exists: move them to the layout and say so in the log."""
         if self.layout is None:
             return
-        placed = apply_to_server(self.proc.pid, self.layout)
+        placed = apply_to_server(self.proc.pid, self.layout, move_worker=self.cfg.start_mirrored)
         with open(self.log_path, "a") as log:
             log.write(f"qwen36: process placement ({self.layout.describe()}): {placed}\n")
 

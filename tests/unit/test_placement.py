@@ -64,3 +64,31 @@ def test_client_runs_on_the_frontend_cores_and_is_restored_after():
     assert os.sched_getaffinity(0) == before
     with client_on(None):
         assert os.sched_getaffinity(0) == before
+
+
+def test_mirrored_layout_swaps_the_two_cores_and_keeps_the_worker_thread_count_elsewhere():
+    assert plan_layout([0, 1]).mirrored() == CpuLayout(worker=(1,), engine=(1,), frontend=(0,))
+    eight = plan_layout(list(range(8)))
+    assert eight.mirrored() == eight
+
+
+@needs_two
+def test_a_server_started_mirrored_has_its_worker_moved_to_the_layout(tmp_path):
+    cpus = sorted(os.sched_getaffinity(0))
+    layout = plan_layout(cpus)
+    script = ("(exec -a VLLM::EngineCore sleep 30) & (exec -a VLLM::Worker sleep 30) & wait")
+    leader = subprocess.Popen(["bash", "-c", script], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        kids: dict = {}
+        while set(kids) != {"VLLM::EngineCore", "VLLM::Worker"} and time.monotonic() < deadline:
+            time.sleep(0.05)
+            kids = {p.cmdline()[0]: p for p in psutil.Process(leader.pid).children()}
+        os.sched_setaffinity(kids["VLLM::Worker"].pid, set(layout.mirrored().worker))  # where it started
+        apply_to_server(leader.pid, layout, move_worker=True)
+        assert os.sched_getaffinity(kids["VLLM::Worker"].pid) == set(layout.worker)
+        assert os.sched_getaffinity(kids["VLLM::EngineCore"].pid) == set(layout.engine)
+        assert os.sched_getaffinity(leader.pid) == set(layout.frontend)
+    finally:
+        os.killpg(leader.pid, 9)
+        leader.wait()

@@ -104,9 +104,9 @@ def test_shared_server_failure_is_recorded_so_other_workers_fail_fast(tmp_path):
 
     with pytest.raises(ServerDied):
         shared_server.acquire(tmp_path, start)
-    with pytest.raises(ServerDied, match="failed to start in another worker.*CUDA"):
+    with pytest.raises(ServerDied, match="failed to start in another process.*CUDA"):
         shared_server.acquire(tmp_path, lambda d: pytest.fail("must not start again"))
-    assert "error" in json.loads((tmp_path / "state.json").read_text())
+    assert "error" in json.loads((tmp_path / f"{shared_server.SESSION}.json").read_text())
 
 
 def test_server_is_ended_when_its_owner_is_killed(tmp_path):
@@ -125,3 +125,4 @@ def test_server_is_ended_when_its_owner_is_killed(tmp_path):
     while time.monotonic() < deadline and any(q.is_running() and q.status() != psutil.STATUS_ZOMBIE for q in procs):
         time.sleep(0.2)
     assert not [q for q in procs if q.is_running() and q.status() != psutil.STATUS_ZOMBIE]
+

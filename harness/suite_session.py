@@ -1,0 +1,110 @@
+"""`python -m harness.suite_session -- CMD [-- CMD ...]`: `make test`'s pytest runs under one embedded server.
+
+`make test` runs the suite twice: in parallel, then the `timing` tests alone. Each pytest session used to
+start its own embedded server (about two minutes on two cores, most of it torch.compile), and the timing
+run three more, the perf gates' regressed servers (harness.gates.regressions). This owner starts them all
+in the background as soon as it begins (the session's first, then the three together), so the parallel
+run's other tests proceed meanwhile (tests/conftest.py orders the tests that need the session's server
+last) and the timing run finds them up; both runs share them through `harness.shared_server`, and they
+are ended here, when the last command is done, on failure or Ctrl-C too.
+
+The commands run in order; the first that fails stops the rest and gives its exit code. The first runs
+while the servers start; each later one waits until every start is over, as it measures time (a start
+beside a measurement slowed the perf gates' control by 40%). With `--server-url` in a command nothing is
+started: that run measures the server it names.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Callable
+
+from harness import shared_server
+from harness.gates.regressions import acquire_regressed
+from harness.shared_server import OWNER_ENV, STATE_ENV, ServerInfo
+
+USAGE = "usage: python -m harness.suite_session -- CMD [ARG...] [-- CMD [ARG...]]..."
+
+
+def split_commands(argv: list[str]) -> list[list[str]]:
+    """`-- a b -- c d` -> [[a, b], [c, d]]; empty commands are refused."""
+    if not argv or argv[0] != "--":
+        raise SystemExit(f"{USAGE}\n(the commands start after `--`)")
+    commands: list[list[str]] = [[]]
+    for word in argv[1:]:
+        if word == "--":
+            commands.append([])
+        else:
+            commands[-1].append(word)
+    if any(not c for c in commands):
+        raise SystemExit(f"{USAGE}\n(an empty command between `--` separators)")
+    return commands
+
+
+Start = Callable[[Path], tuple]  # state_dir -> (ManagedServer, model_dir), as shared_server.acquire takes
+Then = Callable[[Path, ServerInfo], object]  # what to start once the session's server is up
+
+
+def _start_regressed(state_dir: Path, session: ServerInfo) -> None:
+    acquire_regressed(state_dir, session.model_dir)
+
+
+def _start_in_background(state_dir: Path, start_server: Start, then: Then | None) -> threading.Thread:
+    def start() -> None:
+        try:
+            session = shared_server.acquire(state_dir, start_server)
+            if then is not None:
+                then(state_dir, session)
+        except Exception as exc:  # recorded in its state file by acquire(); the tests report it with the log
+            print(f"suite_session: a server did not start: {exc}", file=sys.stderr)
+
+    thread = threading.Thread(target=start, name="embedded-server-start", daemon=True)
+    thread.start()
+    return thread
+
+
+def run(commands: list[list[str]], start_server: Start = shared_server.start_embedded,
+        then: Then | None = _start_regressed) -> int:
+    wants_server = not any(word.startswith("--server-url") for c in commands for word in c)
+    state_dir = Path(tempfile.mkdtemp(prefix="qwen36-suite-"))
+    ours = {STATE_ENV: str(state_dir), OWNER_ENV: str(os.getpid())}
+    before = {k: os.environ.get(k) for k in ours}
+    os.environ.update(ours)  # the commands inherit it; start_embedded reads the owner from it
+    # SIGTERM (a CI runner cancelling the job) ends the server too: turned into SystemExit, so `finally` runs.
+    previous_handler = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        starting = _start_in_background(state_dir, start_server, then) if wants_server else None
+        for i, command in enumerate(commands):
+            if i and starting is not None:
+                starting.join()  # the later runs measure time: no server may still be starting beside them
+            code = subprocess.call(command)
+            if code != 0:
+                return code
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        # A start still in progress has no state file yet; the server's watchdog ends it once this
+        # process (its owner) has exited.
+        shared_server.release(state_dir)
+        shutil.rmtree(state_dir, ignore_errors=True)
+        signal.signal(signal.SIGTERM, previous_handler)
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(split_commands(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
