@@ -88,8 +88,15 @@ def embedded_config(model_dir: Path | str, **overrides) -> ServerConfig:
     runs are comparable; `overrides` are ServerConfig fields (extra_args, env, port...)."""
     from harness.paths import PATCH_CHAT_TEMPLATE, TINY_MODEL_CHAT_TEMPLATE
 
+    from patches.settings import API_PATCH_ENVS
+
     template = PATCH_CHAT_TEMPLATE if PATCH_CHAT_TEMPLATE.exists() else TINY_MODEL_CHAT_TEMPLATE
-    return ServerConfig(**{"model": str(model_dir), "chat_template": template, "max_model_len": 8192, **overrides})
+    # The API server's request-compatibility patches on, as in computility-run.yaml (the conformance suite's
+    # target tiny-cpu is the patched server). A switch set in this process's environment (QWEN36_PATCH_...=0:
+    # a stock server, target tiny-cpu-stock) or in an `env` override wins.
+    env = {**{var: os.environ.get(var, "1") for var in API_PATCH_ENVS.values()}, **overrides.pop("env", {})}
+    return ServerConfig(**{"model": str(model_dir), "chat_template": template, "max_model_len": 8192, "env": env,
+                           **overrides})
 
 
 def free_port(host: str = "127.0.0.1") -> int:

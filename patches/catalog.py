@@ -1,7 +1,15 @@
 """Every patch of the set, in table order. A new patch is one module with a `PATCH` and one line here."""
 from __future__ import annotations
 
-from . import moe_experts
+from . import (moe_experts, nonstream_trailing_content, object_tool_arguments, openai_errors, stream_tool_marker,
+               truncated_tool_arguments)
 from .registry import Patch
 
-PATCHES: tuple[Patch, ...] = (moe_experts.PATCH,)
+PATCHES: tuple[Patch, ...] = (
+    moe_experts.PATCH,
+    object_tool_arguments.PATCH,  # deviation object-tool-call-arguments-rejected
+    stream_tool_marker.PATCH,  # deviation stream-leaks-tool-call-marker-into-content
+    truncated_tool_arguments.PATCH,  # deviation truncated-forced-tool-call-reports-empty-arguments
+    nonstream_trailing_content.PATCH,  # deviation nonstream-drops-content-after-tool-call
+    openai_errors.PATCH,  # error bodies in OpenAI's shape
+)

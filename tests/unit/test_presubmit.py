@@ -118,7 +118,9 @@ def test_unparsable_run_config_is_one_no_go_line_naming_the_file(tmp_path):
 def test_plugin_status_is_go_for_this_repository():
     row = by_name(run_presubmit(REPO_ROOT, skip_suites=True, checks=(check_plugin_status,)))["plugin_status"]
     assert row.go, row.detail
-    assert "moe_experts applied" in row.detail
+    for name in ("moe_experts", "object_tool_arguments", "stream_tool_marker", "truncated_tool_arguments",
+                 "nonstream_trailing_content", "openai_errors"):
+        assert f"{name} applied" in row.detail
 
 
 def test_static_no_go_skips_the_suites_and_counts_as_no_go(tmp_path):

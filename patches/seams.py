@@ -1,0 +1,108 @@
+"""Helpers the API-side patches share: find a vLLM attribute (probe) and hook a pydantic model or a method.
+
+Pydantic compiles a model's validators into its schema when the class is created, so a validator added
+later only takes effect after `model_rebuild(force=True)`. FastAPI builds its request validator from the
+model's schema when the route is created; vLLM creates the OpenAI routes after it loads the plugins
+(`vllm.plugins.load_general_plugins` runs while the engine arguments are parsed), so a rebuild at
+`register()` time reaches the server. The added validators are pydantic's own machinery (a
+`Decorator` in `__pydantic_decorators__`), the same record a `@model_validator` in the class body makes.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+__all__ = ["attribute_problem", "pydantic_problem", "resolve", "add_model_validator", "remove_model_validator",
+           "has_model_validator", "wrap_method", "unwrap_method", "is_wrapped"]
+
+_WRAPPED = "__qwen36_original__"
+
+
+def resolve(path: str) -> Any:
+    """`module.sub:Class.attr` -> the object."""
+    module_name, _, attr_path = path.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr_path.split(".") if attr_path else ():
+        obj = getattr(obj, part)
+    return obj
+
+
+def attribute_problem(path: str) -> str | None:
+    """None when `path` resolves, else why not (a probe's reason for `not applicable`)."""
+    module_name, _, attr_path = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        return f"{module_name} cannot be imported ({exc})"
+    seen = module_name
+    for part in attr_path.split(".") if attr_path else ():
+        if not hasattr(obj, part):
+            return f"{seen} has no {part}"
+        obj, seen = getattr(obj, part), f"{seen}.{part}"
+    return None
+
+
+def pydantic_problem(model: Any) -> str | None:
+    """None when `model` is a pydantic v2 model whose validators can be extended here."""
+    try:
+        from pydantic import BaseModel
+        from pydantic._internal._decorators import Decorator, ModelValidatorDecoratorInfo  # noqa: F401
+    except ImportError as exc:
+        return f"pydantic v2 internals this patch extends are missing ({exc})"
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return f"{model!r} is not a pydantic model"
+    decorators = getattr(model, "__pydantic_decorators__", None)
+    if not isinstance(getattr(decorators, "model_validators", None), dict):
+        return f"{model.__name__} has no __pydantic_decorators__.model_validators"
+    return None
+
+
+def add_model_validator(model: Any, name: str, func: Callable, mode: str, rebuild: tuple = ()) -> None:
+    """Add `func` as a `@model_validator(mode=...)` classmethod of `model` and rebuild it (and the models in
+    `rebuild` that embed it). Idempotent: nothing happens when a validator of that name is there."""
+    from pydantic._internal._decorators import Decorator, ModelValidatorDecoratorInfo
+
+    validators = model.__pydantic_decorators__.model_validators
+    if name in validators:
+        return
+    existing = next(iter(validators.values()), None)
+    setattr(model, name, classmethod(func) if mode != "after" else func)
+    validators[name] = Decorator.build(
+        model, cls_var_name=name, cls_ref=existing.cls_ref if existing else None, shim=None,
+        info=ModelValidatorDecoratorInfo(mode=mode))
+    for m in (model, *rebuild):
+        m.model_rebuild(force=True)
+
+
+def remove_model_validator(model: Any, name: str, rebuild: tuple = ()) -> None:
+    validators = model.__pydantic_decorators__.model_validators
+    if validators.pop(name, None) is None:
+        return
+    if name in vars(model):
+        delattr(model, name)
+    for m in (model, *rebuild):
+        m.model_rebuild(force=True)
+
+
+def has_model_validator(model: Any, name: str) -> bool:
+    return name in model.__pydantic_decorators__.model_validators
+
+
+def wrap_method(owner: Any, name: str, make_wrapper: Callable[[Callable], Callable]) -> None:
+    """Replace `owner.name` by `make_wrapper(original)` once (idempotent)."""
+    current = getattr(owner, name)
+    if is_wrapped(current):
+        return
+    wrapper = make_wrapper(current)
+    setattr(wrapper, _WRAPPED, current)
+    setattr(owner, name, wrapper)
+
+
+def unwrap_method(owner: Any, name: str) -> None:
+    current = owner.__dict__.get(name)
+    if current is not None and is_wrapped(current):
+        setattr(owner, name, getattr(current, _WRAPPED))
+
+
+def is_wrapped(fn: Any) -> bool:
+    return hasattr(fn, _WRAPPED)

