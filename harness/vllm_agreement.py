@@ -47,6 +47,9 @@ class Agreement:
     paired_tpot_diff_median_s: float
     paired_vdef_ttft_diff_median_s: float  # same definition both sides: measures the clients, not definitions
     paired_vdef_tpot_diff_median_s: float
+    # Within each of our requests: first output chunk minus role chunk, the smallest over all requests. The
+    # definitions' difference measured in one stream, free of the request-to-request noise of the pairs.
+    ours_ttft_def_gap_min_s: float
     pairs_sent: int = 0
     pairs_held_back: int = 0  # left out: the server flushed at least one of the two streams at once
 
@@ -62,6 +65,7 @@ async def _measure(base_url: str, model: str, requests: int, output_tokens: int,
     data = decode_micro(seed=1, requests=requests, output_tokens=output_tokens, warmup=0)
     cfg = ClientConfig(base_url, model, timeout_s=120)
     ours_ttft, ours_tpot, ours_vttft, ours_vtpot, vllm_ttft, vllm_tpot = [], [], [], [], [], []
+    def_gaps: list[float] = []
 
     async def ours(http, i, body):
         rec = await stream_request(http, cfg, body, f"ours-{i}")
@@ -97,6 +101,7 @@ async def _measure(base_url: str, model: str, requests: int, output_tokens: int,
             if min(p1, p2, vp1, vp2, vllm_p1, vllm_p2) < BURST_TPOT_S:
                 held_back += 1
                 continue
+            def_gaps += [t1 - vt1, t2 - vt2]
             ours_ttft.append((t1 + t2) / 2)
             ours_tpot.append((p1 + p2) / 2)
             ours_vttft.append((vt1 + vt2) / 2)
@@ -114,7 +119,7 @@ async def _measure(base_url: str, model: str, requests: int, output_tokens: int,
     return Agreement(
         len(ours_ttft), output_tokens, 1, med(ours_ttft), med(ours_vttft), med(vllm_ttft), med(ours_tpot),
         med(ours_vtpot), med(vllm_tpot), diff(ours_ttft, vllm_ttft), diff(ours_tpot, vllm_tpot),
-        diff(ours_vttft, vllm_ttft), diff(ours_vtpot, vllm_tpot), sent, held_back)
+        diff(ours_vttft, vllm_ttft), diff(ours_vtpot, vllm_tpot), min(def_gaps), sent, held_back)
 
 
 def compare_with_vllm_bench(base_url: str, model: str, requests: int = 16, output_tokens: int = 64,

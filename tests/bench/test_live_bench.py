@@ -56,12 +56,16 @@ def test_ttft_and_tpot_agree_with_vllm_benchmark_client(openai_server, record_pr
 
     Same definitions (our raw role-chunk / finish-chunk timestamps against vLLM's client): median pair
     difference within 10 ms for TTFT and 1 ms for TPOT; this measures the clients themselves.
-    Our definitions: TTFT is never earlier than vLLM's (beyond 5 ms of noise), because vLLM starts at the
-    role-only chunk and we wait for the first output; the gap is a few decode steps when the server streams
-    token by token, and up to the whole answer when it holds the stream back and flushes it at once (seen on
-    this 2-core machine under load), which is exactly why our definition differs. TPOT ends at the last
-    output event instead of the finish chunk: within 1 ms. A client that timed [DONE] as the first event or
-    divided by output events instead of tokens fails the same-definition checks."""
+    Our definitions: TTFT is never earlier than vLLM's, because vLLM starts at the role-only chunk and we wait
+    for the first output; the gap is a few decode steps when the server streams token by token, and up to
+    the whole answer when it holds the stream back and flushes it at once (seen on this 2-core machine under
+    load), which is exactly why our definition differs. That is checked inside each of our own streams (the
+    first output never before the role chunk), not across the pair: the pair's difference also holds the
+    clients' own difference, which the same-definition check allows up to 10 ms (fresh-clone CI run,
+    2026-12-01: ours minus vLLM's -5.16 ms with our definition and -5.58 ms with vLLM's, so our definition
+    was 0.4 ms later, and a 5 ms bound across the pair failed). TPOT ends at the last output event instead of
+    the finish chunk: within 1 ms. A client that timed [DONE] as the first event or divided by output events
+    instead of tokens fails the same-definition checks."""
     pytest.importorskip("vllm.benchmarks.lib.endpoint_request_func")
     from harness.placement import client_on
     from harness.vllm_agreement import compare_with_vllm_bench
@@ -74,5 +78,5 @@ def test_ttft_and_tpot_agree_with_vllm_benchmark_client(openai_server, record_pr
     assert a.requests >= 8, f"only {a.requests} of {a.pairs_sent} pairs streamed; the server held back the rest"
     assert abs(a.paired_vdef_ttft_diff_median_s) <= 0.010
     assert abs(a.paired_vdef_tpot_diff_median_s) <= 0.001
-    assert a.paired_ttft_diff_median_s >= -0.005
+    assert a.ours_ttft_def_gap_min_s >= 0, "a stream's first output was timed before its role chunk"
     assert abs(a.paired_tpot_diff_median_s) <= 0.001

@@ -12,7 +12,7 @@ nothing between it and the client:
 | slower decode | `--enforce-eager`: no torch.compile, every step op by op | decode-micro | output_tps_p10, weighted_throughput |
 | slower prefill | `--max-num-batched-tokens 16`: a prompt's uncached tokens prefill 16 a step | official-like | ttft_p90 |
 | prefix caching off | `--no-enable-prefix-caching`: every prompt prefilled in full | official-like | cache_hit_rate, ttft_p90 |
-| live path by URL | a profile from the control's by-URL measurement, then the slower-prefill server | both points | ttft_p90 (exit 1) |
+| live path by URL | a profile recorded by URL on the session's server, then the slower-prefill server | both points | ttft_p90 (exit 1) |
 
 The regressed servers are declared in harness.gates.regressions; under `make test` they start during the
 parallel run (harness.suite_session), so this module measures instead of waiting. The measured change of
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.gates.baseline import load_baseline, save_baseline
+from harness.gates.baseline import load_baseline
 from harness.gates.gate import GateReport, gate, load_run, report_markdown, write_report
-from harness.gates.record import WARM_REPEATS, baseline_from_runs
+from harness.gates.record import WARM_REPEATS, record_baseline
 from harness.gates.regressions import acquire_regressed
 from harness.metrics import Scoring
 from harness.paths import REPO_ROOT
@@ -130,13 +130,10 @@ def test_slower_prefill_is_caught_on_ttft(regressed_servers, tmp_path):
 
 
 def _live_gate(url: str, profile: str, baselines: Path, out: Path, repeats: int) -> subprocess.CompletedProcess:
-    """tests/perf_gates/test_gate_live.py in its own pytest, knowing the server only by its URL. By URL the
-    client cannot see the server's arguments or model files, which the profile below knows: it accepts those
-    two fields as differences (its report lists them), as a user gating a server they did not start would."""
+    """tests/perf_gates/test_gate_live.py in its own pytest, knowing the server only by its URL."""
     cmd = [sys.executable, "-m", "pytest", str(REPO_ROOT / "tests/perf_gates/test_gate_live.py"), "-p",
            "no:cacheprovider", "-q", "-s", "--server-url", url, "--baseline-profile", profile,
-           "--baselines-dir", str(baselines), "--gate-repeats", str(repeats), f"--basetemp={out}",
-           "--accept-difference", "server_args,model_files_sha256"]
+           "--baselines-dir", str(baselines), "--gate-repeats", str(repeats), f"--basetemp={out}"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     return subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
 
@@ -147,22 +144,19 @@ BY_URL_FLOOR = 0.4
 
 
 def test_live_gate_by_url_passes_on_its_own_profile_and_fails_on_a_slower_prefill(
-        control_run, openai_server, regressed_servers, tmp_path):
+        openai_server, regressed_servers, tmp_path):
     """The live path as a user runs it: a profile recorded against a server by URL, then the live gate by
     URL from a pytest that never started a server: it passes on that server, and fails (exit 1, the TTFT
     test failing) on the server that prefills 16 tokens a step.
 
-    The profile is recorded from the control's measurement: its warm-up repeats, then CI_REPEATS repeats, by
-    URL on this server, turned into a baseline as `qwen36 baseline record` turns its own (baseline_from_runs).
-    Measuring the same server again for it cost ~100 s of CI; a recording must be warmed all the same: on a
-    server that had just run the workload, one recorded without warm-ups spread its official-like TTFT so far
-    (tolerance 1393%, hit rate 93% against 94.4%) that the regressed server passed (2026-12-01)."""
+    Recorded by URL, not made from the control's measurement: a client that knows only the URL builds
+    official-like without the model's tokenizer, so its prompts (and dataset hash) differ from the
+    control's, and the control's runs are not comparable with a by-URL candidate. For the same reason the
+    control does not warm this recording's prompts: its default warm-up repeats stay."""
     baselines = tmp_path / "baselines"
-    profile = baseline_from_runs("tiny-by-url", [control_run], "gate",
-                                 how=f"the control's {CI_REPEATS} repeats after {WARM_REPEATS} warm-ups, by URL",
-                                 tolerance_floor=BY_URL_FLOOR, candidate_repeats=CI_REPEATS)
-    save_baseline(profile, baselines)
     with client_on(openai_server.client_cpus):  # the nested pytest inherits this process's cores
+        record_baseline("tiny-by-url", repeats=CI_REPEATS, base_url=openai_server.base_url, root=baselines,
+                        out_root=tmp_path / "record", tolerance_floor=BY_URL_FLOOR)
         same = _live_gate(openai_server.base_url, "tiny-by-url", baselines, tmp_path / "same", CI_REPEATS)
         regressed = _live_gate(regressed_servers["slow-prefill"].base_url, "tiny-by-url", baselines,
                                tmp_path / "regressed", 1)
