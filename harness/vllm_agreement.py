@@ -50,6 +50,9 @@ class Agreement:
     # Within each of our requests: first output chunk minus role chunk, the smallest over all requests. The
     # definitions' difference measured in one stream, free of the request-to-request noise of the pairs.
     ours_ttft_def_gap_min_s: float
+    # The standard error of paired_vdef_ttft_diff_median_s, from the pairs' own spread (1.2533 * 1.4826 * MAD /
+    # sqrt(n), the median's SE under normal noise): how far the request-to-request noise alone moves it.
+    paired_vdef_ttft_diff_se_s: float = 0.0
     pairs_sent: int = 0
     pairs_held_back: int = 0  # left out: the server flushed at least one of the two streams at once
 
@@ -116,10 +119,16 @@ async def _measure(base_url: str, model: str, requests: int, output_tokens: int,
     def diff(xs, ys):
         return med([a - b for a, b in zip(xs, ys)])
 
+    def median_se(xs, ys):
+        d = [a - b for a, b in zip(xs, ys)]
+        mad = med([abs(x - med(d)) for x in d])
+        return 1.2533 * 1.4826 * mad / len(d) ** 0.5
+
     return Agreement(
         len(ours_ttft), output_tokens, 1, med(ours_ttft), med(ours_vttft), med(vllm_ttft), med(ours_tpot),
         med(ours_vtpot), med(vllm_tpot), diff(ours_ttft, vllm_ttft), diff(ours_tpot, vllm_tpot),
-        diff(ours_vttft, vllm_ttft), diff(ours_vtpot, vllm_tpot), min(def_gaps), sent, held_back)
+        diff(ours_vttft, vllm_ttft), diff(ours_vtpot, vllm_tpot), min(def_gaps), median_se(ours_vttft, vllm_ttft),
+        sent, held_back)
 
 
 def compare_with_vllm_bench(base_url: str, model: str, requests: int = 16, output_tokens: int = 64,

@@ -76,7 +76,15 @@ def test_ttft_and_tpot_agree_with_vllm_benchmark_client(openai_server, record_pr
     print(json.dumps(a.as_dict(), indent=2))
     # Pairs the server flushed at once time the server, not the clients: left out, but enough must remain.
     assert a.requests >= 8, f"only {a.requests} of {a.pairs_sent} pairs streamed; the server held back the rest"
-    assert abs(a.paired_vdef_ttft_diff_median_s) <= 0.010
+    # 15 ms, or three standard errors of the paired median where the server's request-to-request noise is
+    # larger. Measured with these clients and 16 pairs (2026-12-01): on a fresh server alone +1.0 ms and
+    # +0.96 ms (standard error 2.6 ms); in two fresh-clone CI runs, on the session's server after the
+    # parallel run with three idle servers beside it, -5.6 ms and +10.6 ms. So under CI's conditions the
+    # median moves by about +-11 ms from run to run, more than its own standard error says; why is not
+    # pinned down. A client error this check is for (TTFT timed at [DONE], or from the wrong event) is a
+    # decode of 64 tokens or more, 600 ms here: far outside the bound.
+    ttft_bound = max(0.015, 3 * a.paired_vdef_ttft_diff_se_s)
+    assert abs(a.paired_vdef_ttft_diff_median_s) <= ttft_bound, (a.paired_vdef_ttft_diff_median_s, ttft_bound)
     assert abs(a.paired_vdef_tpot_diff_median_s) <= 0.001
     assert a.ours_ttft_def_gap_min_s >= 0, "a stream's first output was timed before its role chunk"
     assert abs(a.paired_tpot_diff_median_s) <= 0.001

@@ -93,7 +93,7 @@ def test_same_setup_control_passes_against_the_committed_baseline(control_run):
 def regressed_servers(openai_server) -> dict[str, ServerInfo]:
     """The servers of harness.gates.regressions (eager, no-cache, slow-prefill), by name. Under `make test`
     they were started during the parallel run; otherwise they start here, together, once the control has
-    measured. Idle, a vLLM server's processes sleep, so the others do not load the one being measured."""
+    measured. Idle, a vLLM server's processes nearly sleep (docs/perf-gates.md: ~2% of a core each)."""
     state_dir = os.environ.get(STATE_ENV)
     if not state_dir:
         pytest.fail(f"{STATE_ENV} is not set: tests/conftest.py's pytest_configure did not run in the controller")
