@@ -1,6 +1,7 @@
 """Process placement for the embedded server (harness/placement.py), on real processes."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -32,12 +33,10 @@ def test_layout_tells_vllm_where_the_worker_threads_go():
 needs_two = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to place processes apart")
 
 
-@needs_two
-def test_server_tree_is_placed_by_process_title_and_the_worker_is_left_alone():
-    cpus = sorted(os.sched_getaffinity(0))
-    layout = plan_layout(cpus)
-    # A stand-in tree with vLLM's process titles: leader (API server) -> engine core, worker.
-    script = ("(exec -a VLLM::EngineCore sleep 30) & (exec -a VLLM::Worker sleep 30) & wait")
+@contextlib.contextmanager
+def stand_in_server():
+    """A stand-in tree with vLLM's process titles: leader (API server) -> engine core, worker."""
+    script = "(exec -a VLLM::EngineCore sleep 30) & (exec -a VLLM::Worker sleep 30) & wait"
     leader = subprocess.Popen(["bash", "-c", script], start_new_session=True)
     try:
         deadline = time.monotonic() + 10
@@ -45,14 +44,22 @@ def test_server_tree_is_placed_by_process_title_and_the_worker_is_left_alone():
         while set(kids) != {"VLLM::EngineCore", "VLLM::Worker"} and time.monotonic() < deadline:
             time.sleep(0.05)  # until both subshells have exec'd under their titles
             kids = {p.cmdline()[0]: p for p in psutil.Process(leader.pid).children()}
+        yield leader, kids
+    finally:
+        os.killpg(leader.pid, 9)
+        leader.wait()
+
+
+@needs_two
+def test_server_tree_is_placed_by_process_title_and_the_worker_is_left_alone():
+    cpus = sorted(os.sched_getaffinity(0))
+    layout = plan_layout(cpus)
+    with stand_in_server() as (leader, kids):
         os.sched_setaffinity(kids["VLLM::Worker"].pid, {cpus[-1]})  # as vLLM binds it: must stay
         apply_to_server(leader.pid, layout)
         assert os.sched_getaffinity(kids["VLLM::EngineCore"].pid) == set(layout.engine)
         assert os.sched_getaffinity(leader.pid) == set(layout.frontend)
         assert os.sched_getaffinity(kids["VLLM::Worker"].pid) == {cpus[-1]}
-    finally:
-        os.killpg(leader.pid, 9)
-        leader.wait()
 
 
 @needs_two
@@ -73,22 +80,11 @@ def test_mirrored_layout_swaps_the_two_cores_and_keeps_the_worker_thread_count_e
 
 
 @needs_two
-def test_a_server_started_mirrored_has_its_worker_moved_to_the_layout(tmp_path):
-    cpus = sorted(os.sched_getaffinity(0))
-    layout = plan_layout(cpus)
-    script = ("(exec -a VLLM::EngineCore sleep 30) & (exec -a VLLM::Worker sleep 30) & wait")
-    leader = subprocess.Popen(["bash", "-c", script], start_new_session=True)
-    try:
-        deadline = time.monotonic() + 10
-        kids: dict = {}
-        while set(kids) != {"VLLM::EngineCore", "VLLM::Worker"} and time.monotonic() < deadline:
-            time.sleep(0.05)
-            kids = {p.cmdline()[0]: p for p in psutil.Process(leader.pid).children()}
+def test_a_server_started_mirrored_has_its_worker_moved_to_the_layout():
+    layout = plan_layout(sorted(os.sched_getaffinity(0)))
+    with stand_in_server() as (leader, kids):
         os.sched_setaffinity(kids["VLLM::Worker"].pid, set(layout.mirrored().worker))  # where it started
         apply_to_server(leader.pid, layout, move_worker=True)
         assert os.sched_getaffinity(kids["VLLM::Worker"].pid) == set(layout.worker)
         assert os.sched_getaffinity(kids["VLLM::EngineCore"].pid) == set(layout.engine)
         assert os.sched_getaffinity(leader.pid) == set(layout.frontend)
-    finally:
-        os.killpg(leader.pid, 9)
-        leader.wait()
