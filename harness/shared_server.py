@@ -76,12 +76,17 @@ def release(state_dir: Path) -> None:
             terminate_tree(data["pid"])
 
 
+def owner_pid() -> int | None:
+    """The owner's pid, whose death ends the servers it owns (None: the process that starts them)."""
+    owner = os.environ.get(OWNER_ENV)
+    return int(owner) if owner else None
+
+
 def start_embedded(state_dir: Path) -> tuple[ManagedServer, str]:
     """The embedded tiny vLLM CPU server on a tiny model built in `state_dir`, ended when the owner dies."""
     from harness.server import embedded_config
     from harness.tiny_model import build_tiny_model
 
     model_dir = build_tiny_model(Path(state_dir) / "tiny-model")
-    owner = os.environ.get(OWNER_ENV)
-    cfg = embedded_config(model_dir, owner_pid=int(owner) if owner else None)
+    cfg = embedded_config(model_dir, owner_pid=owner_pid())
     return ManagedServer(cfg, Path(state_dir) / "server.log").start(), str(model_dir)

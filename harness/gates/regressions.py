@@ -7,7 +7,6 @@ a start is ~2 minutes on two cores, most of it one process compiling on one core
 """
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Callable
 
 from harness import shared_server
 from harness.server import ManagedServer, embedded_config
-from harness.shared_server import OWNER_ENV, ServerInfo
+from harness.shared_server import ServerInfo
 
 # A regressed server's KV cache: 1 GiB (1.6M tokens of the tiny model, 40 times the gate workload's), not the
 # session's 2, so that the session's server, these three and a test's own server fit in memory at once;
@@ -29,27 +28,26 @@ PREFILL_CHUNK_TOKENS = 16
 class InjectedRegression:
     name: str
     extra_args: tuple[str, ...]
-    what: str
     # Start on the mirrored cores (harness.placement): two of these compile at once, one on each core.
     start_mirrored: bool = False
 
 
 REGRESSIONS: tuple[InjectedRegression, ...] = (
-    InjectedRegression("eager", ("--enforce-eager",), "no torch.compile: every decode step runs op by op"),
-    InjectedRegression("no-cache", ("--no-enable-prefix-caching",),
-                       "prefix caching off: every official-like prompt prefills in full"),
-    InjectedRegression("slow-prefill", ("--max-num-batched-tokens", str(PREFILL_CHUNK_TOKENS)),
-                       "at most 16 tokens a step: an official-like turn's ~290 uncached tokens take ~18 steps "
-                       "instead of one; decode steps are unchanged", start_mirrored=True),
+    # no torch.compile: every decode step runs op by op
+    InjectedRegression("eager", ("--enforce-eager",)),
+    # prefix caching off: every official-like prompt prefills in full
+    InjectedRegression("no-cache", ("--no-enable-prefix-caching",)),
+    # at most 16 tokens a step: an official-like turn's ~290 uncached tokens take ~18 steps instead of one;
+    # decode steps are unchanged
+    InjectedRegression("slow-prefill", ("--max-num-batched-tokens", str(PREFILL_CHUNK_TOKENS)), start_mirrored=True),
 )
 
 
 def starter(regression: InjectedRegression, model_dir: str | Path) -> Callable[[Path], tuple[ManagedServer, str]]:
     """A `start` for shared_server.acquire: this regression's server on the session's model files."""
     def start(state_dir: Path) -> tuple[ManagedServer, str]:
-        owner = os.environ.get(OWNER_ENV)
         cfg = embedded_config(model_dir, extra_args=regression.extra_args, cpu_kvcache_gib=REGRESSED_KV_GIB,
-                              start_mirrored=regression.start_mirrored, owner_pid=int(owner) if owner else None)
+                              start_mirrored=regression.start_mirrored, owner_pid=shared_server.owner_pid())
         return ManagedServer(cfg, Path(state_dir) / f"{regression.name}.log").start(), str(model_dir)
 
     return start
