@@ -82,6 +82,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="Live perf gates: how many times the baseline's workload preset is run against the server (default 3).",
     )
     group.addoption(
+        "--tokenizer",
+        default=None,
+        help="Live perf gates: the served model's tokenizer.json or its directory, to size official-like prompts "
+        "as the server counts them; give the one the baseline was recorded with (default: about 4 characters "
+        "a token).",
+    )
+    group.addoption(
         "--baselines-dir",
         default=None,
         help="Perf gates: where the baseline profiles are (default: fixtures/baselines).",

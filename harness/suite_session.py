@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -47,6 +48,10 @@ def split_commands(argv: list[str]) -> list[list[str]]:
     return commands
 
 
+def _say(message: str) -> None:
+    print(f"suite_session: {message}", file=sys.stderr, flush=True)
+
+
 Start = Callable[[Path], tuple]  # state_dir -> (ManagedServer, model_dir), as shared_server.acquire takes
 Then = Callable[[Path, ServerInfo], object]  # what to start once the session's server is up
 
@@ -56,13 +61,17 @@ def _start_regressed(state_dir: Path, session: ServerInfo) -> None:
 
 
 def _start_in_background(state_dir: Path, start_server: Start, then: Then | None) -> threading.Thread:
+    began = time.monotonic()
+
     def start() -> None:
         try:
             session = shared_server.acquire(state_dir, start_server)
+            _say(f"the session's server is up after {time.monotonic() - began:.0f} s")
             if then is not None:
                 then(state_dir, session)
+                _say(f"the servers started after it are up, {time.monotonic() - began:.0f} s from the start")
         except Exception as exc:  # recorded in its state file by acquire(); the tests report it with the log
-            print(f"suite_session: a server did not start: {exc}", file=sys.stderr)
+            _say(f"a server did not start: {exc}")
 
     thread = threading.Thread(target=start, name="embedded-server-start", daemon=True)
     thread.start()
@@ -82,7 +91,9 @@ def run(commands: list[list[str]], start_server: Start = shared_server.start_emb
         starting = _start_in_background(state_dir, start_server, then) if wants_server else None
         for i, command in enumerate(commands):
             if i and starting is not None:
+                waited = time.monotonic()
                 starting.join()  # the later runs measure time: no server may still be starting beside them
+                _say(f"command {i + 1} waited {time.monotonic() - waited:.0f} s for the server starts")
             code = subprocess.call(command)
             if code != 0:
                 return code

@@ -40,6 +40,9 @@ def add_parsers(sub) -> None:
     r.add_argument("--warmups", type=int, default=None,
                    help="repeats measured first and left out of the baseline (default: 2, what a freshly started "
                         "server needs for its prefix cache to settle; 0 for a server that just ran the workload)")
+    r.add_argument("--tokenizer", type=Path, default=None,
+                   help="with --base-url: the served model's tokenizer.json or its directory, to size official-like "
+                        "prompts as the server counts them (default: about 4 characters a token)")
     r.add_argument("--update", action="store_true", help="replace an existing baseline and print the diff")
     r.add_argument("--out", type=Path, default=None, help="runs root (default: runs/)")
     r.set_defaults(handler=_cmd_record)
@@ -67,7 +70,7 @@ def _cmd_record(a) -> int:
     from harness.gates.record import record_baseline
 
     _, diff = record_baseline(a.profile, a.repeats, a.preset, a.base_url, a.update, a.out, hardware=a.hardware,
-                              tolerance_floor=a.tolerance_floor,
+                              tolerance_floor=a.tolerance_floor, tokenizer=a.tokenizer,
                               **({"warmups": a.warmups} if a.warmups is not None else {}))
     if diff:
         print(diff)

@@ -1,6 +1,7 @@
 """`qwen36 baseline record`: measure a profile's workload N times and write it as a baseline file."""
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import sys
 from pathlib import Path
@@ -63,6 +64,19 @@ def baseline_from_runs(profile: str, run_dirs: list[Path], preset: str, how: str
                     point_tolerances=tolerances, notes=notes, tolerance_floor=tolerance_floor)
 
 
+# The identity fields a client that knows the server only by its URL cannot see: a by-URL run's manifest
+# leaves them empty, so a by-URL recording holds them unknown (None: not compared).
+UNSEEN_BY_URL = ("model_files_sha256", "server_args")
+
+
+def for_url_clients(baseline: Baseline) -> Baseline:
+    """The baseline as a by-URL recording of the same runs would hold it, for live gates by URL."""
+    identity = {**baseline.identity, **{k: None for k in UNSEEN_BY_URL}}
+    recorded = {**baseline.recorded,
+                "unseen_by_url": f"{', '.join(UNSEEN_BY_URL)}: not compared, the candidates know the server by URL"}
+    return dataclasses.replace(baseline, identity=identity, recorded=recorded)
+
+
 def _describe_host(host: dict) -> str:
     return f"{host.get('machine', '?')}, {host.get('cpus', '?')} CPUs, {host.get('platform', '?')}"
 
@@ -70,7 +84,10 @@ def _describe_host(host: dict) -> str:
 def record_baseline(profile: str, repeats: int, preset: str = "gate", base_url: str | None = None,
                     update: bool = False, out_root: Path | None = None, root: Path = BASELINES_DIR,
                     hardware: str | None = None, tolerance_floor: float | None = None,
-                    warmups: int = WARM_REPEATS) -> tuple[Baseline, str]:
+                    warmups: int = WARM_REPEATS, tokenizer: Path | None = None) -> tuple[Baseline, str]:
+    """`tokenizer` (tokenizer.json or its model directory) sizes official-like's prompts for a server given by
+    URL, as the embedded server's own model files do; without it they are sized at about 4 characters a
+    token, a different dataset (and hash) from a run that knew the tokenizer."""
     if repeats < 2:
         raise HarnessError(f"--repeats {repeats}: a baseline needs at least 2 repeats to know its noise (5 advised)")
     if preset not in PRESETS:
@@ -84,13 +101,14 @@ def record_baseline(profile: str, repeats: int, preset: str = "gate", base_url: 
         raise HarnessError(f"{path} exists; pass --update to replace it (the diff is printed)")
     # `warmups` extra repeats first, measured and kept in the run directory but not in the baseline.
     cfg = BenchConfig(workloads=PRESETS[preset], base_url=base_url, repeats=repeats + warmups,
-                      label=f"baseline-{profile}",
+                      label=f"baseline-{profile}", tokenizer=tokenizer,
                       **({"out_root": out_root} if out_root else {}))
     run_dir = run_bench(cfg)
     how = f"qwen36 baseline record --profile {profile} --repeats {repeats} --preset {preset}" + (
         f" --base-url {base_url}" if base_url else "") + (
         f" --tolerance-floor {tolerance_floor}" if tolerance_floor is not None else "") + (
-        f" --warmups {warmups}" if warmups != WARM_REPEATS else "")
+        f" --warmups {warmups}" if warmups != WARM_REPEATS else "") + (
+        f" --tokenizer {tokenizer}" if tokenizer else "")
     baseline = baseline_from_runs(profile, [run_dir], preset, how, hardware, skip_first=warmups,
                                   tolerance_floor=tolerance_floor, candidate_repeats=GATE_REPEATS)
     if warmups:

@@ -1,12 +1,17 @@
 """Perf gates against a live server (the BI-V100 deployment), from any client machine: one test per gated metric.
 
-    pytest tests/perf_gates/test_gate_live.py --server-url http://HOST:PORT --baseline-profile bi-v100-tp4-245k
+    pytest tests/perf_gates/test_gate_live.py --server-url http://HOST:PORT --baseline-profile bi-v100-tp4-245k \
+        --tokenizer /models/Qwen3.6-35B-A3B
     pytest tests/perf_gates/test_gate_live.py --server-url http://HOST:PORT --baseline-profile cpu-tiny \
-        --gate-repeats 5
+        --tokenizer MODEL_DIR --accept-difference server_args,model_files_sha256 --gate-repeats 5
 
 Marked `live` (skipped without --server-url), not `gpu`: the client needs no accelerator, the server has it.
 The profile's workload preset (`identity.workload.preset`) is run `--gate-repeats` times (default 3) against
-the server; each gated metric is one test, failing on a regression. The report (gate.md, gate.json) lands in
+the server; each gated metric is one test, failing on a regression. `--tokenizer` (the served model's
+tokenizer.json or its directory) sizes official-like's prompts as the server counts them; the run's dataset
+hash then matches a baseline recorded with the same tokenizer. A by-URL client cannot see the server's
+arguments or model files: against a profile recorded on the embedded server (cpu-tiny) accept those two
+fields, which the report then lists. The report (gate.md, gate.json) lands in
 the run directory.
 """
 from __future__ import annotations
@@ -34,9 +39,10 @@ def live_report(pytestconfig, tmp_path_factory):
     root = pytestconfig.getoption("--baselines-dir")
     # Names its workload preset, or says how to fix the file.
     baseline = load_baseline(profile, **({"root": Path(root)} if root else {}))
+    tokenizer = pytestconfig.getoption("--tokenizer")
     run = run_bench(BenchConfig(workloads=PRESETS[baseline.workload_preset], base_url=url, repeats=repeats,
                                 out_root=tmp_path_factory.mktemp("live"), label=f"gate-{profile}",
-                                show_progress=False))
+                                tokenizer=Path(tokenizer) if tokenizer else None, show_progress=False))
     report = gate(baseline, [load_run(run)], Scoring.load(), accept=pytestconfig.getoption("--accept-difference"))
     write_report(report, run)
     print(report_markdown(report))

@@ -12,7 +12,7 @@ nothing between it and the client:
 | slower decode | `--enforce-eager`: no torch.compile, every step op by op | decode-micro | output_tps_p10, weighted_throughput |
 | slower prefill | `--max-num-batched-tokens 16`: a prompt's uncached tokens prefill 16 a step | official-like | ttft_p90 |
 | prefix caching off | `--no-enable-prefix-caching`: every prompt prefilled in full | official-like | cache_hit_rate, ttft_p90 |
-| live path by URL | a profile recorded by URL on the session's server, then the slower-prefill server | both points | ttft_p90 (exit 1) |
+| live path by URL | a by-URL profile of the control's runs; the session's server, then the slower-prefill server | both points | ttft_p90 (exit 1) |
 
 The regressed servers are declared in harness.gates.regressions; under `make test` they start during the
 parallel run (harness.suite_session), so this module measures instead of waiting. The measured change of
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.gates.baseline import load_baseline
+from harness.gates.baseline import load_baseline, save_baseline
 from harness.gates.gate import GateReport, gate, load_run, report_markdown, write_report
-from harness.gates.record import WARM_REPEATS, record_baseline
+from harness.gates.record import WARM_REPEATS, baseline_from_runs, for_url_clients
 from harness.gates.regressions import acquire_regressed
 from harness.metrics import Scoring
 from harness.paths import REPO_ROOT
@@ -129,11 +129,14 @@ def test_slower_prefill_is_caught_on_ttft(regressed_servers, tmp_path):
     assert ("official-like@c1", "ttft_p90") in flagged(report), report_markdown(report)
 
 
-def _live_gate(url: str, profile: str, baselines: Path, out: Path, repeats: int) -> subprocess.CompletedProcess:
-    """tests/perf_gates/test_gate_live.py in its own pytest, knowing the server only by its URL."""
+def _live_gate(url: str, profile: str, baselines: Path, out: Path, repeats: int,
+               tokenizer: Path) -> subprocess.CompletedProcess:
+    """tests/perf_gates/test_gate_live.py in its own pytest, knowing the server only by its URL (and the model's
+    tokenizer, as a user who has the model's files gives it)."""
     cmd = [sys.executable, "-m", "pytest", str(REPO_ROOT / "tests/perf_gates/test_gate_live.py"), "-p",
            "no:cacheprovider", "-q", "-s", "--server-url", url, "--baseline-profile", profile,
-           "--baselines-dir", str(baselines), "--gate-repeats", str(repeats), f"--basetemp={out}"]
+           "--baselines-dir", str(baselines), "--gate-repeats", str(repeats), "--tokenizer", str(tokenizer),
+           f"--basetemp={out}"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     return subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
 
@@ -144,22 +147,26 @@ BY_URL_FLOOR = 0.4
 
 
 def test_live_gate_by_url_passes_on_its_own_profile_and_fails_on_a_slower_prefill(
-        openai_server, regressed_servers, tmp_path):
-    """The live path as a user runs it: a profile recorded against a server by URL, then the live gate by
-    URL from a pytest that never started a server: it passes on that server, and fails (exit 1, the TTFT
+        openai_server, control_run, regressed_servers, tmp_path):
+    """The live path as a user runs it: a profile recorded against the session's server, then the live gate
+    by URL from a pytest that never started a server: it passes on that server, and fails (exit 1, the TTFT
     test failing) on the server that prefills 16 tokens a step.
 
-    Recorded by URL, not made from the control's measurement: a client that knows only the URL builds
-    official-like without the model's tokenizer, so its prompts (and dataset hash) differ from the
-    control's, and the control's runs are not comparable with a by-URL candidate. For the same reason the
-    control does not warm this recording's prompts: its default warm-up repeats stay."""
+    The profile is the control's runs (measured against this server a few minutes before), as `qwen36
+    baseline record --base-url URL --tokenizer MODEL_DIR` would write it: the identity fields a by-URL client
+    cannot see are unknown (harness.gates.record.for_url_clients). With the tokenizer, the by-URL client
+    builds the control's very prompts (the same dataset hash), so this recording costs no measuring of its
+    own and the control's warm-up repeats warmed the server for it."""
     baselines = tmp_path / "baselines"
+    profile = for_url_clients(baseline_from_runs(
+        "tiny-by-url", [control_run], "gate", how="the control's runs (tests/perf_gates/test_gate_tiny_server.py)",
+        tolerance_floor=BY_URL_FLOOR, candidate_repeats=CI_REPEATS))
+    save_baseline(profile, baselines)
+    tokenizer = Path(openai_server.model_dir)
     with client_on(openai_server.client_cpus):  # the nested pytest inherits this process's cores
-        record_baseline("tiny-by-url", repeats=CI_REPEATS, base_url=openai_server.base_url, root=baselines,
-                        out_root=tmp_path / "record", tolerance_floor=BY_URL_FLOOR)
-        same = _live_gate(openai_server.base_url, "tiny-by-url", baselines, tmp_path / "same", CI_REPEATS)
+        same = _live_gate(openai_server.base_url, "tiny-by-url", baselines, tmp_path / "same", CI_REPEATS, tokenizer)
         regressed = _live_gate(regressed_servers["slow-prefill"].base_url, "tiny-by-url", baselines,
-                               tmp_path / "regressed", 1)
+                               tmp_path / "regressed", 1, tokenizer)
     print(same.stdout[-3000:], regressed.stdout[-3000:], sep="\n")
     assert same.returncode == 0, same.stdout[-5000:] + same.stderr[-2000:]
     assert "5 passed" in same.stdout, same.stdout[-3000:]

@@ -15,7 +15,7 @@ from harness.gates.compare import compare_runs, comparison_markdown
 from harness.gates.decision import Tolerance
 from harness.gates.gate import NotComparable, gate, load_run, report_markdown, write_report
 from harness.gates.identity import identity_from_manifest, normalise_server_args
-from harness.gates.record import baseline_from_runs
+from harness.gates.record import baseline_from_runs, for_url_clients
 from harness.metrics import Scoring
 
 SCORING = Scoring.load()
@@ -261,3 +261,52 @@ def test_missing_run_files_and_unknown_profiles_are_named(tmp_path):
         load_run(tmp_path)
     with pytest.raises(HarnessError, match="known profiles: .*bi-v100-tp4-245k"):
         load_baseline("nope")
+
+
+def write_by_url_run(tmp_path, name, points, dataset=("decode-micro", "abc")):
+    """A run of a client that knew the server only by its URL: no server command, no model files."""
+    run = tmp_path / name
+    run.mkdir()
+    manifest = {"model": "tiny", "model_files_sha256": None, "datasets": [{"name": dataset[0], "sha256": dataset[1]}],
+                "server": {"command": None}}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    (run / "summary.json").write_text(json.dumps({"points": {p: {"repeats": r} for p, r in points.items()}}))
+    return load_run(run)
+
+
+def test_a_by_url_profile_of_embedded_runs_gates_by_url_candidates_and_still_refuses_another_dataset(tmp_path):
+    rng = np.random.default_rng(3)
+    embedded = write_run(tmp_path, "embedded", {"decode@c1": [repeat(rng) for _ in range(5)]})
+    full = baseline_from_runs("p", [embedded], "gate", how="test")
+    by_url = for_url_clients(full)
+    candidate = write_by_url_run(tmp_path, "cand", {"decode@c1": [repeat(rng) for _ in range(3)]})
+    with pytest.raises(NotComparable, match="server_args"):  # the embedded recording knows what URL clients cannot
+        gate(full, [candidate], SCORING)
+    assert gate(by_url, [candidate], SCORING).passed
+    assert by_url.identity["model_files_sha256"] is None and by_url.identity["server_args"] is None
+    assert by_url.identity["datasets"] == full.identity["datasets"] and by_url.points == full.points
+    assert "unseen_by_url" in by_url.recorded
+    other = write_by_url_run(tmp_path, "other", {"decode@c1": [repeat(rng) for _ in range(3)]},
+                             dataset=("decode-micro", "xyz"))
+    with pytest.raises(NotComparable, match="datasets"):
+        gate(by_url, [other], SCORING)
+
+
+def test_a_tokenizer_given_by_url_sizes_official_like_as_the_model_directory_does(tmp_path):
+    """`--tokenizer MODEL_DIR` (by URL) and the embedded server's model directory build the same prompts, so
+    their runs share a dataset hash; without a tokenizer the 4-chars estimate builds other prompts."""
+    from harness.bench import _token_counter
+    from harness.tiny_model import TinyRecipe, train_tokenizer
+
+    recipe = TinyRecipe.load()
+    train_tokenizer(recipe.seed, recipe.vocab_size).save(str(tmp_path / "tokenizer.json"))
+    official = tuple(w for w in PRESETS["gate"] if w.dataset == "official-like")
+
+    def digest(cfg, model_dir=None):
+        return build_points(cfg, _token_counter(cfg, model_dir))[0].dataset.digest
+
+    embedded = digest(BenchConfig(workloads=official), model_dir=tmp_path)
+    by_url = digest(BenchConfig(workloads=official, base_url="http://h:1", tokenizer=tmp_path))
+    by_url_file = digest(BenchConfig(workloads=official, base_url="http://h:1", tokenizer=tmp_path / "tokenizer.json"))
+    estimated = digest(BenchConfig(workloads=official, base_url="http://h:1"))
+    assert embedded == by_url == by_url_file != estimated
