@@ -6,7 +6,7 @@ ARG BASE_IMAGE=git.modelhub.org.cn:9443/enginex-iluvatar/bi100-3.2.3-x86-ubuntu2
 FROM ${BASE_IMAGE}
 
 # The project lives in its own folder; the server starts from /workspace, which has no `vllm/` to shadow
-# the installed package (a root `vllm/` broke a platform start once, shared/seeds 000).
+# the installed package (a root `vllm/` broke a platform start once; docs/design.md).
 WORKDIR /workspace
 COPY pyproject.toml README.md /opt/qwen36/
 COPY model /opt/qwen36/model

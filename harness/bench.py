@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -17,13 +17,13 @@ from harness.artifacts import manifest, new_run_dir, write_json, write_records
 from harness.client import ClientConfig
 from harness.errors import HarnessError
 from harness.hardware import HardwareSampler, summarize_samples
-from harness.metrics import REGISTRY, Scoring
+from harness.metrics import REGISTRY, RunSummary, Scoring
 from harness.paths import RUNS_DIR
 from harness.placement import client_on
 from harness.prometheus import compare_hit_rates, deltas, scrape
 from harness.report import metrics_table, write_plot, write_report
 from harness.runner import Point, PointResult, SweepPolicy, run_points, sweep_stop_reason
-from harness.server import ManagedServer, embedded_config
+from harness.server import ManagedServer, embedded_server
 
 DATASETS = ("decode-micro", "official-like", "matrix", "replay")
 
@@ -49,8 +49,8 @@ PRESETS: dict[str, tuple[Workload, ...]] = {
     # requests swung 56-98 tok/s between repeats of one run (2026-12-01).
     "gate": (Workload("decode-micro", (2,), requests=16, output_tokens=64),
              Workload("official-like", (1,), requests=8)),
-    # The `bi-v100-tp4-245k` profile's workload, as the team's ledger describes it: 8 requests at concurrency 1,
-    # max_tokens 256, cumulative multi-turn with tools, prompts capped at 40K tokens.
+    # The `bi-v100-tp4-245k` profile's workload, as the team's BI-V100 records describe it (docs/design.md):
+    # 8 requests at concurrency 1, max_tokens 256, cumulative multi-turn with tools, prompts capped at 40K tokens.
     "bi-v100-ledger": (Workload("official-like", (1,), requests=8, output_tokens=256, prompt_cap_tokens=40000),),
 }
 
@@ -135,15 +135,24 @@ def build_points(cfg: BenchConfig, count: ds.TokenCounter) -> list[Point]:
     return points
 
 
-def median_summary(summaries: list[dict]) -> dict:
-    """The table's view of repeats: each metric's median over repeats (every repeat is in summary.json)."""
+def median_summary(summaries: list[RunSummary]) -> RunSummary:
+    """The table's view of repeats: each metric's median over repeats, the rest the last repeat's (every
+    repeat is in summary.json)."""
     if len(summaries) == 1:
         return summaries[0]
-    out = dict(summaries[-1])
-    for name in REGISTRY:
-        vals = [s[name] for s in summaries if s.get(name) is not None]
-        out[name] = statistics.median(vals) if vals else None
-    return out
+    medians = {}
+    for name in summaries[-1].metrics:
+        vals = [s.metrics[name] for s in summaries if s.metrics.get(name) is not None]
+        medians[name] = statistics.median(vals) if vals else None
+    return replace(summaries[-1], metrics=medians)
+
+
+def table_json(summaries: list[RunSummary]) -> dict:
+    """summary.json's `table` of a point."""
+    table = median_summary(summaries).to_json()
+    if len(summaries) > 1:  # the median table has always carried the per-request metric names too, as null
+        table.update(dict.fromkeys(name for name, m in REGISTRY.items() if m.scope == "request"))
+    return table
 
 
 def run_bench(cfg: BenchConfig) -> Path:
@@ -153,14 +162,11 @@ def run_bench(cfg: BenchConfig) -> Path:
     model_dir: Path | None = None
     try:
         if cfg.base_url is None:
-            from harness.tiny_model import build_tiny_model
-
-            model_dir = cfg.tiny_model_dir or build_tiny_model(Path(cfg.out_root) / "tiny-model")
-            print(f"starting the embedded vLLM CPU server (about a minute); log {run_dir / 'server.log'}",
-                  file=sys.stderr)
-            server = ManagedServer(embedded_config(model_dir, max_model_len=cfg.max_model_len,
-                                                   place_processes=cfg.place_processes),
-                                   cfg.server_log or run_dir / "server.log").start()
+            server = embedded_server(cfg.out_root, cfg.tiny_model_dir, cfg.server_log or run_dir / "server.log",
+                                     max_model_len=cfg.max_model_len, place_processes=cfg.place_processes)
+            model_dir = Path(server.cfg.model)
+            print(f"starting the embedded vLLM CPU server (about a minute); log {server.log_path}", file=sys.stderr)
+            server.start()
             base_url = server.base_url
         else:
             base_url = cfg.base_url.rstrip("/")
@@ -171,7 +177,7 @@ def run_bench(cfg: BenchConfig) -> Path:
                               stall_timeout_s=min(cfg.timeout_s, 120.0))
         scoring = Scoring.load()
         scrapes: dict[str, dict] = {}
-        prev: list[dict] = []
+        prev: list[RunSummary] = []
 
         def before(point: Point) -> None:
             # Before the first repeat's measured phase (later repeats' warm-ups then fall inside the delta).
@@ -253,8 +259,8 @@ def write_outputs(run_dir: Path, cfg: BenchConfig, base_url: str, model: str, se
     hardware = summarize_samples(run_dir / "hardware.jsonl")
     write_json(run_dir / "summary.json", {
         "end_reason": end_reason,
-        "points": {r.point.name: {"concurrency": r.point.concurrency, "repeats": r.summaries,
-                                  "table": median_summary(r.summaries) if r.summaries else None,
+        "points": {r.point.name: {"concurrency": r.point.concurrency, "repeats": [s.to_json() for s in r.summaries],
+                                  "table": table_json(r.summaries) if r.summaries else None,
                                   "interrupted": r.interrupted} for r in results},
         "server_view": server_view or None,
         "hardware": hardware,

@@ -147,15 +147,13 @@ def _cmd_tiny_model(a) -> int:
 
 
 def _cmd_serve(a) -> int:
-    from harness.server import ManagedServer, embedded_config
-    from harness.tiny_model import build_tiny_model
+    from harness.server import embedded_server
 
-    model = a.model or build_tiny_model(a.run_dir / "tiny-model")
-    cfg = embedded_config(model, served_model_name=a.served_model_name, port=a.port, max_model_len=a.max_model_len,
-                          command=tuple(shlex.split(a.command)) if a.command else None,
-                          place_processes=not a.no_placement,
-                          **({"chat_template": a.chat_template} if a.chat_template else {}))
-    server = ManagedServer(cfg, a.run_dir / "server.log")
+    server = embedded_server(a.run_dir, a.model, served_model_name=a.served_model_name, port=a.port,
+                             max_model_len=a.max_model_len,
+                             command=tuple(shlex.split(a.command)) if a.command else None,
+                             place_processes=not a.no_placement,
+                             **({"chat_template": a.chat_template} if a.chat_template else {}))
     print(f"starting: {server.command_line}\nlog: {server.log_path}", file=sys.stderr)
     if server.layout:
         print(f"placement: {server.layout.describe()}; a client on this machine: "

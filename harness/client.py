@@ -1,4 +1,4 @@
-"""One streaming request, timed exactly as shared/DESIGN.md defines it, turned into a `RequestRecord`.
+"""One streaming request, timed as docs/design.md defines it, turned into a `RequestRecord`.
 
 Clocks are `time.monotonic_ns()`: `t0` just before the request is sent (the moment httpcore starts writing
 the request line and headers, from its trace hook, so that connection-pool work and a first connection's
@@ -68,18 +68,22 @@ class RequestRecord:
         return (self.t_last_ns - self.t_first_ns) / 1e9 / (n - 1)
 
     @property
+    def output_gaps_s(self) -> list[float]:
+        """The interval between each two consecutive output events: ITL's samples, and what a stall is read
+        from. They sum to t_last - t_first (to the microsecond of `output_offsets_us`), TPOT's numerator."""
+        o = self.output_offsets_us
+        return [(b - a) / 1e6 for a, b in zip(o, o[1:])]
+
+    @property
     def max_gap_s(self) -> float | None:
         """Largest interval between two consecutive output events; None with fewer than two."""
-        o = self.output_offsets_us
-        return max(b - a for a, b in zip(o, o[1:])) / 1e6 if len(o) >= 2 else None
+        gaps = self.output_gaps_s
+        return max(gaps) if gaps else None
 
     @property
     def median_gap_s(self) -> float | None:
-        o = self.output_offsets_us
-        if len(o) < 2:
-            return None
-        gaps = sorted(b - a for a, b in zip(o, o[1:]))
-        return gaps[len(gaps) // 2] / 1e6
+        gaps = sorted(self.output_gaps_s)
+        return gaps[len(gaps) // 2] if gaps else None
 
     @property
     def output_tps(self) -> float | None:

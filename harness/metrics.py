@@ -1,14 +1,22 @@
-"""The metric registry (declared once: name, unit, direction, description) and the per-run summary.
+"""The bench metrics, each declared once beside its computation, and a run's summary.
 
-Definitions are shared/DESIGN.md's. Reports, baselines and gates read `REGISTRY`; nothing else should
-restate a unit or a direction.
+A `Metric` holds its name, unit, direction, description, how a run computes it, and the places it appears:
+`table` (the bench's metrics table and report.md), `compare` (the A/B ratios of `qwen36 compare`), `gates`
+(the perf gate, tolerance in fixtures/gates/policy.yaml) and `targets` (the platform's bound, in
+fixtures/scoring/platform.yaml). The report, compare, gates and scoring take their lists from `shown_in`, in
+declaration order (the display order); those files hold numbers only, and naming a metric that is not
+declared for them is an error. Nothing else restates a unit or a direction.
+
+The timing points (t0, t_first, t_last, the output events) are harness/client.py's; the conventions behind
+them are docs/design.md's. Adding a metric: its declaration in `RUN_METRICS` (a percentile: one entry in a
+`Percentiles` family, or a new family) and a test; harness/client.py too if it needs a new per-request field.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import Callable, Iterable, Literal
 
 import yaml
 
@@ -17,6 +25,8 @@ from harness.errors import HarnessError
 from harness.paths import SCORING_FILE
 
 Direction = Literal["higher", "lower", "info"]
+Place = Literal["table", "compare", "gates", "targets"]
+ALL_PLACES: tuple[Place, ...] = ("table", "compare", "gates", "targets")
 BURST_TPOT_S = 0.0002
 # A stall, as the client sees it: a gap between two output events longer than STALL_MIN_GAP_S and than
 # STALL_GAP_FACTOR times the stream's median gap, followed by STALL_BURST_EVENTS events each under
@@ -26,55 +36,195 @@ STALL_MIN_GAP_S = 0.1
 STALL_GAP_FACTOR = 10
 STALL_BURST_EVENTS = 3
 STALL_BURST_GAP_S = 0.001
-# The per-request timings a stall corrupts; run-level metrics (throughput over D, cache, success) keep it.
-STALL_CORRUPTED = ("ttft", "tpot", "e2e", "output_tps")
 
 
 @dataclass(frozen=True)
 class Metric:
+    """One metric. `compute` is how a run computes it; None for a per-request value, which harness/client.py's
+    `RequestRecord` computes. `shown_in`: the places it appears."""
     name: str
     unit: str
     direction: Direction
     description: str
-    scope: Literal["request", "run"] = "run"
+    compute: Callable[[MeasuredRun], float | None] | None = field(default=None, repr=False)
+    shown_in: tuple[Place, ...] = ()
+
+    @property
+    def scope(self) -> Literal["request", "run"]:
+        return "request" if self.compute is None else "run"
 
 
-def _m(*args, **kw) -> Metric:
-    return Metric(*args, **kw)
+def stall_kind(r: RequestRecord) -> str | None:
+    """'held_back' (the whole answer in one read), 'gap' (a mid-stream gap then a burst), or None."""
+    if (r.completion_tokens or 0) >= 8 and r.tpot_s is not None and r.tpot_s < BURST_TPOT_S:
+        return "held_back"
+    gaps = r.output_gaps_s
+    if len(gaps) < 2:
+        return None
+    limit = max(STALL_MIN_GAP_S, STALL_GAP_FACTOR * r.median_gap_s)
+    for i, g in enumerate(gaps):
+        after = gaps[i + 1 : i + 1 + STALL_BURST_EVENTS]
+        if g > limit and len(after) == STALL_BURST_EVENTS and max(after) < STALL_BURST_GAP_S:
+            return "gap"
+    return None
 
 
-_REQUEST_METRICS = [
-    _m("ttft_s", "s", "lower", "t_first - t0: send to the first SSE event carrying generated output", "request"),
-    _m("e2e_s", "s", "lower", "t_end - t0: send to [DONE]", "request"),
-    _m("tpot_s", "s", "lower", "(t_last - t_first) / (completion_tokens - 1), when completion_tokens >= 2", "request"),
-    _m("output_tps", "tok/s", "higher", "1 / tpot_s: the request's decode speed", "request"),
-    _m("prompt_tokens", "tok", "info", "usage.prompt_tokens of the final chunk", "request"),
-    _m("completion_tokens", "tok", "info", "usage.completion_tokens of the final chunk", "request"),
-    _m("cached_tokens", "tok", "info", "usage.prompt_tokens_details.cached_tokens; missing stays missing", "request"),
+class MeasuredRun:
+    """A point's measured requests (warm-up left out), split once for the metrics' computations.
+
+    `exclude_stalled`: leave stalled requests (`stall_kind`) out of the per-request timing percentiles
+    (`timed`). Right for a client that shares the machine with the server, where a stall is the client
+    descheduled while the server kept sending (harness/placement.py); wrong for a remote server, where a
+    stall is the server's and the platform sees it too. Run-level metrics keep every successful request."""
+
+    def __init__(self, records: list[RequestRecord], scoring: Scoring, exclude_stalled: bool):
+        self.records = [r for r in records if not r.tags.get("warmup")]
+        self.scoring = scoring
+        self.exclude_stalled = exclude_stalled
+        self.ok = [r for r in self.records if r.ok]
+        kinds = [(r, stall_kind(r)) for r in self.ok]
+        self.stalled = [r for r, kind in kinds if kind]
+        self.held_back = sum(1 for _, kind in kinds if kind == "held_back")
+        self.timed = [r for r, kind in kinds if not (exclude_stalled and kind)]
+        starts = [r.t0_ns for r in self.records if r.t0_ns is not None]
+        ends = [r.t_end_ns for r in self.records if r.t_end_ns is not None]
+        self.duration_s = (max(ends) - min(starts)) / 1e9 if starts and ends else None
+        self.cached_missing = sum(1 for r in self.ok if r.cached_tokens is None)
+        # Token throughputs need a success and a duration; the cache ones every success's cached_tokens too.
+        self.has_throughput = bool(self.duration_s and self.ok)
+        self.completion_tokens = sum(r.completion_tokens for r in self.ok)
+        self.prompt_tokens = sum(r.prompt_tokens or 0 for r in self.ok)
+        self.cached_tokens = None if self.cached_missing else sum(r.cached_tokens for r in self.ok)
+
+    def per_second(self, tokens: int | None) -> float | None:
+        """tokens / D, where token throughputs are defined."""
+        return tokens / self.duration_s if self.has_throughput and tokens is not None else None
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    """A per-request timing's percentiles over the run's timed successful requests (`MeasuredRun.timed`),
+    linear interpolation; `values` gives a request's values (one, or several pooled over requests)."""
+    key: str
+    label: str  # as the run's notes name it
+    unit: str
+    direction: Direction
+    definition: str
+    values: Callable[[RequestRecord], Iterable[float | None]]
+    percentiles: dict[int, tuple[Place, ...]]  # P -> where that percentile appears
+
+    def metrics(self) -> list[Metric]:
+        return [Metric(f"{self.key}_p{p}", self.unit, self.direction,
+                       f"P{p} of {self.label} over successful requests (linear interpolation): {self.definition}",
+                       self._percentile(p), places) for p, places in self.percentiles.items()]
+
+    def _percentile(self, p: int) -> Callable[[MeasuredRun], float | None]:
+        return lambda run: percentile((v for r in run.timed for v in self.values(r) if v is not None), p)
+
+
+TIMING_PERCENTILES = (
+    Percentiles("ttft", "TTFT", "s", "lower", "t_first - t0 of each request", lambda r: (r.ttft_s,),
+                {50: ("table", "compare"), 90: ("table", "compare", "gates", "targets"), 95: (), 99: ()}),
+    Percentiles("tpot", "TPOT", "s", "lower",
+                "(t_last - t_first) / (completion_tokens - 1) of each request with two tokens or more",
+                lambda r: (r.tpot_s,), {50: ("table",), 90: (), 99: ()}),
+    # ITL is per event where TPOT is per token: a request's gaps sum to t_last - t_first (TPOT's numerator),
+    # so their mean is its TPOT when every event carries one token; the pooled tail shows the long gaps
+    # (a slow step, a stall) that a request's mean TPOT hides.
+    Percentiles("itl", "ITL", "s", "lower",
+                "inter-token latency, every gap between two successive output events of a request "
+                "(RequestRecord.output_gaps_s, microsecond resolution), pooled over requests",
+                lambda r: r.output_gaps_s, {99: ("table", "compare")}),
+    Percentiles("e2e", "E2E", "s", "lower", "end-to-end latency, t_end - t0 of each request",
+                lambda r: (r.e2e_s,), {50: (), 90: (), 99: ()}),
+    Percentiles("output_tps", "output TPS", "tok/s", "higher", "per-request output TPS, 1 / TPOT",
+                lambda r: (r.output_tps,),
+                {10: ("table", "compare", "gates", "targets"), 50: ("table", "compare"), 95: (), 99: ()}),
+)
+
+
+def _uncached_input_tps(run: MeasuredRun) -> float | None:
+    return None if run.cached_tokens is None else run.per_second(run.prompt_tokens - run.cached_tokens)
+
+
+def _cache_hit_rate(run: MeasuredRun) -> float | None:
+    if not run.has_throughput or run.cached_tokens is None or not run.prompt_tokens:
+        return None
+    return run.cached_tokens / run.prompt_tokens
+
+
+def _weighted_throughput(run: MeasuredRun) -> float | None:
+    parts = (run.per_second(run.completion_tokens), _uncached_input_tps(run), run.per_second(run.cached_tokens))
+    return None if None in parts else run.scoring.weighted(*parts)
+
+
+REQUEST_METRICS = [
+    Metric("ttft_s", "s", "lower", "t_first - t0: send to the first SSE event carrying generated output"),
+    Metric("e2e_s", "s", "lower", "t_end - t0: send to [DONE]"),
+    Metric("tpot_s", "s", "lower", "(t_last - t_first) / (completion_tokens - 1), when completion_tokens >= 2"),
+    Metric("output_tps", "tok/s", "higher", "1 / tpot_s: the request's decode speed"),
+    Metric("prompt_tokens", "tok", "info", "usage.prompt_tokens of the final chunk"),
+    Metric("completion_tokens", "tok", "info", "usage.completion_tokens of the final chunk"),
+    Metric("cached_tokens", "tok", "info", "usage.prompt_tokens_details.cached_tokens; missing stays missing"),
 ]
-_PCT = {"ttft": ("s", "lower", "TTFT"), "tpot": ("s", "lower", "TPOT"), "e2e": ("s", "lower", "end-to-end latency"),
-        "output_tps": ("tok/s", "higher", "per-request output TPS")}
-PERCENTILES = {"ttft": (50, 90, 95, 99), "tpot": (50, 90, 99), "e2e": (50, 90, 99), "output_tps": (10, 50, 95, 99)}
-_RUN_METRICS = [
-    _m(f"{k}_p{p}", _PCT[k][0], _PCT[k][1],
-       f"P{p} of {_PCT[k][2]} over successful requests (linear interpolation)")
-    for k, ps in PERCENTILES.items() for p in ps
-] + [
-    _m("agg_output_tps", "tok/s", "higher", "sum(completion_tokens) / D"),
-    _m("uncached_input_tps", "tok/s", "higher", "sum(prompt_tokens - cached_tokens) / D"),
-    _m("cache_tps", "tok/s", "higher", "sum(cached_tokens) / D"),
-    _m("cache_hit_rate", "ratio", "higher", "sum(cached_tokens) / sum(prompt_tokens), token-weighted"),
-    _m("success_rate", "ratio", "higher", "successful requests / measured requests"),
-    _m("weighted_throughput", "score", "higher",
-       "w_out * agg_output_tps + w_in * uncached_input_tps + w_cache * cache_tps (fixtures/scoring/platform.yaml)"),
-    _m("duration_s", "s", "info", "D: first send to last t_end over measured requests"),
-    _m("requests", "count", "info", "measured requests (warm-up excluded)"),
-    _m("successes", "count", "info", "requests that met every success condition"),
-    _m("stalled_requests", "count", "info", "successful requests with a stall (harness.metrics.stall_kind)"),
-    _m("gap_over_100ms_requests", "count", "info", "successful requests with any gap over 100 ms between "
-       "two output events (raw: includes a tool parser holding text back)"),
+RUN_METRICS = [
+    Metric("success_rate", "ratio", "higher", "successful requests / measured requests",
+           lambda run: len(run.ok) / len(run.records) if run.records else None, ALL_PLACES),
+    *(m for family in TIMING_PERCENTILES for m in family.metrics()),
+    Metric("agg_output_tps", "tok/s", "higher", "sum(completion_tokens) / D",
+           lambda run: run.per_second(run.completion_tokens), ("table", "compare")),
+    Metric("uncached_input_tps", "tok/s", "higher", "sum(prompt_tokens - cached_tokens) / D", _uncached_input_tps,
+           ("table",)),
+    Metric("cache_tps", "tok/s", "higher", "sum(cached_tokens) / D", lambda run: run.per_second(run.cached_tokens),
+           ("table",)),
+    Metric("cache_hit_rate", "ratio", "higher", "sum(cached_tokens) / sum(prompt_tokens), token-weighted",
+           _cache_hit_rate, ALL_PLACES),
+    Metric("weighted_throughput", "score", "higher", "w_out * agg_output_tps + w_in * uncached_input_tps + "
+           "w_cache * cache_tps (fixtures/scoring/platform.yaml)", _weighted_throughput, ALL_PLACES),
+    Metric("requests", "count", "info", "measured requests (warm-up excluded)", lambda run: len(run.records),
+           ("table",)),
+    Metric("successes", "count", "info", "requests that met every success condition", lambda run: len(run.ok)),
+    Metric("stalled_requests", "count", "info", "successful requests with a stall (harness.metrics.stall_kind)",
+           lambda run: len(run.stalled), ("table",)),
+    Metric("gap_over_100ms_requests", "count", "info", "successful requests with any gap over 100 ms between "
+           "two output events (raw: includes a tool parser holding text back)",
+           lambda run: sum(1 for r in run.ok if (r.max_gap_s or 0) > STALL_MIN_GAP_S), ("table",)),
+    Metric("duration_s", "s", "info", "D: first send to last t_end over measured requests",
+           lambda run: run.duration_s, ("table",)),
 ]
-REGISTRY: dict[str, Metric] = {m.name: m for m in _REQUEST_METRICS + _RUN_METRICS}
+
+
+def _register(metrics: list[Metric]) -> dict[str, Metric]:
+    registry: dict[str, Metric] = {}
+    for m in metrics:
+        if m.name in registry:
+            raise ValueError(f"metric {m.name} is declared twice in harness/metrics.py")
+        registry[m.name] = m
+    return registry
+
+
+REGISTRY: dict[str, Metric] = _register(REQUEST_METRICS + RUN_METRICS)
+
+
+def shown_in(place: Place) -> tuple[str, ...]:
+    """The metrics declared to appear in `place`, in display order."""
+    return tuple(m.name for m in REGISTRY.values() if place in m.shown_in)
+
+
+def check_declared(names: Iterable[str], place: Place, where: str, complete: bool = True) -> None:
+    """`where` (a file's section) may name only metrics declared for `place`; with `complete`, all of them."""
+    names = list(names)
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown:
+        raise HarnessError(f"{where}: {unknown} are not metrics; known: {sorted(REGISTRY)}")
+    declared = shown_in(place)
+    undeclared = [n for n in names if n not in declared]
+    if undeclared:
+        raise HarnessError(f"{where}: {undeclared} are not declared for {place} in harness/metrics.py (declared: "
+                           f"{list(declared)}); add {place!r} to the metric's shown_in, or remove the entry")
+    missing = [n for n in declared if n not in names]
+    if complete and missing:
+        raise HarnessError(f"{where}: no entry for {missing}, which harness/metrics.py declares for {place}")
 
 
 @dataclass(frozen=True)
@@ -103,9 +253,7 @@ class Scoring:
         except (OSError, KeyError, TypeError, ValueError) as exc:
             raise HarnessError(f"scoring file {path}: {exc!r}; it needs weights.output/uncached_input/cache "
                                "and targets.<metric>: {op, value}") from exc
-        unknown = sorted(set(targets) - set(REGISTRY))
-        if unknown:
-            raise HarnessError(f"scoring file {path}: targets {unknown} are not metrics; known: {sorted(REGISTRY)}")
+        check_declared(targets, "targets", f"scoring file {path}, targets")
         return scoring
 
     def weighted(self, agg_output_tps: float, uncached_input_tps: float, cache_tps: float) -> float:
@@ -122,91 +270,79 @@ def percentile(values: Iterable[float], p: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def stall_kind(r: RequestRecord) -> str | None:
-    """'held_back' (the whole answer in one read), 'gap' (a mid-stream gap then a burst), or None."""
-    if (r.completion_tokens or 0) >= 8 and r.tpot_s is not None and r.tpot_s < BURST_TPOT_S:
-        return "held_back"
-    o = r.output_offsets_us
-    gaps = [(b - a) / 1e6 for a, b in zip(o, o[1:])]
-    if len(gaps) < 2:
-        return None
-    limit = max(STALL_MIN_GAP_S, STALL_GAP_FACTOR * sorted(gaps)[len(gaps) // 2])
-    for i, g in enumerate(gaps):
-        after = gaps[i + 1 : i + 1 + STALL_BURST_EVENTS]
-        if g > limit and len(after) == STALL_BURST_EVENTS and max(after) < STALL_BURST_GAP_S:
-            return "gap"
-    return None
+@dataclass(frozen=True)
+class RunSummary:
+    """One measured repeat of a point: every run metric (None where it cannot be computed), the failures by
+    class, the notes that say why a value is missing or what it includes, and the counts behind those notes.
+
+    `to_json()` is its summary.json form; `summary[key]` and `summary.get(key)` read that form, so code that
+    reads a fresh summary and code that reads a summary.json read it alike."""
+    metrics: dict[str, float | None]  # every metric of RUN_METRICS
+    failures: dict[str, int]  # FAILURE_CLASSES -> measured requests that failed so
+    notes: list[str]
+    bursty_requests: int  # stalled requests read in one burst (TPOT under BURST_TPOT_S)
+    stalled_excluded: int  # stalled requests left out of the timing percentiles
+    cached_tokens_missing: int  # successful requests whose usage had no cached_tokens
+    repeat: int | None = None
+    interrupted: bool = False
+
+    def for_repeat(self, repeat: int, interrupted: bool = False) -> "RunSummary":
+        return replace(self, repeat=repeat, interrupted=interrupted)
+
+    def to_json(self) -> dict:
+        out = {**self.metrics, "failures": dict(self.failures), "notes": list(self.notes),
+               "bursty_requests": self.bursty_requests, "stalled_excluded": self.stalled_excluded,
+               "cached_tokens_missing": self.cached_tokens_missing}
+        if self.repeat is not None:
+            out["repeat"] = self.repeat
+        if self.interrupted:
+            out["interrupted"] = True
+        return out
+
+    def __getitem__(self, key: str):
+        return self.to_json()[key]
+
+    def get(self, key: str, default=None):
+        return self.to_json().get(key, default)
 
 
-def summarize(records: list[RequestRecord], scoring: Scoring, exclude_stalled: bool = False) -> dict:
-    """Per-run metrics over measured (non-warm-up) records. Values that cannot be computed are None, with
-    the reason under `notes` (no successes, cached_tokens not reported...).
+def summarize(records: list[RequestRecord], scoring: Scoring, exclude_stalled: bool = False) -> RunSummary:
+    """Per-run metrics over measured (non-warm-up) records (`exclude_stalled`: see `MeasuredRun`). Values
+    that cannot be computed are None, with the reason in the notes (no successes, cached_tokens not
+    reported...)."""
+    run = MeasuredRun(records, scoring, exclude_stalled)
+    return RunSummary(
+        metrics={m.name: m.compute(run) for m in RUN_METRICS},
+        failures={c: sum(1 for r in run.records if r.failure == c) for c in FAILURE_CLASSES},
+        notes=_notes(run),
+        bursty_requests=run.held_back,
+        stalled_excluded=len(run.stalled) if exclude_stalled else 0,
+        cached_tokens_missing=run.cached_missing,
+    )
 
-    `exclude_stalled`: leave stalled requests (`stall_kind`) out of the per-request timing percentiles.
-    Right for a client that shares the machine with the server, where a stall is the client descheduled
-    while the server kept sending (harness/placement.py); wrong for a remote server, where a stall is
-    the server's and the platform sees it too."""
-    records = [r for r in records if not r.tags.get("warmup")]
-    ok = [r for r in records if r.ok]
-    notes: list[str] = []
-    stalled = [r for r in ok if stall_kind(r)]
-    timed = [r for r in ok if not (exclude_stalled and stall_kind(r))]
-    out: dict = {name: None for name, m in REGISTRY.items() if m.scope == "run"}
-    out["requests"] = len(records)
-    out["successes"] = len(ok)
-    out["failures"] = {c: sum(1 for r in records if r.failure == c) for c in FAILURE_CLASSES}
-    out["success_rate"] = len(ok) / len(records) if records else None
-    per_request = {
-        "ttft": [r.ttft_s for r in timed],
-        "tpot": [r.tpot_s for r in timed if r.tpot_s is not None],
-        "e2e": [r.e2e_s for r in timed],
-        "output_tps": [r.output_tps for r in timed if r.output_tps is not None],
-    }
-    for k, ps in PERCENTILES.items():
-        for p in ps:
-            out[f"{k}_p{p}"] = percentile(per_request[k], p)
-    starts = [r.t0_ns for r in records if r.t0_ns is not None]
-    ends = [r.t_end_ns for r in records if r.t_end_ns is not None]
-    duration = (max(ends) - min(starts)) / 1e9 if starts and ends else None
-    out["duration_s"] = duration
+
+def _notes(run: MeasuredRun) -> list[str]:
+    notes = []
     # A stream with TPOT under 0.2 ms (over 5000 tok/s for one sequence) was read in one go, not decoded
     # that fast; a mid-stream gap followed by a burst is the same thing halfway. Counted, and left out of
     # the timing percentiles only where `exclude_stalled` says the stall is the client's.
-    out["bursty_requests"] = sum(1 for r in stalled if stall_kind(r) == "held_back")
-    out["stalled_requests"] = len(stalled)
-    out["stalled_excluded"] = len(stalled) if exclude_stalled else 0
-    out["gap_over_100ms_requests"] = sum(1 for r in ok if (r.max_gap_s or 0) > STALL_MIN_GAP_S)
-    if stalled:
-        held = out["bursty_requests"]
-        what = (f"{held} read in one burst (TPOT under 0.2 ms), {len(stalled) - held} with a mid-stream gap "
-                "followed by a burst")
-        fate = ("left out of TTFT / TPOT / E2E / output TPS percentiles (client and server share this machine: "
-                "the client was descheduled, see harness/placement.py)" if exclude_stalled else
+    if run.stalled:
+        what = (f"{run.held_back} read in one burst (TPOT under 0.2 ms), {len(run.stalled) - run.held_back} with "
+                "a mid-stream gap followed by a burst")
+        labels = " / ".join(f.label for f in TIMING_PERCENTILES)
+        fate = (f"left out of {labels} percentiles (client and server share this machine: the client was "
+                "descheduled, see harness/placement.py)" if run.exclude_stalled else
                 "kept in every metric: their TPOT / output TPS are not decode speed")
-        notes.append(f"{len(stalled)} of {len(ok)} successful request(s) stalled ({what}); {fate}")
-    missing_cached = sum(1 for r in ok if r.cached_tokens is None)
-    out["cached_tokens_missing"] = missing_cached
-    if duration and ok:
-        completion = sum(r.completion_tokens for r in ok)
-        prompt = sum(r.prompt_tokens or 0 for r in ok)
-        out["agg_output_tps"] = completion / duration
-        if missing_cached:
-            notes.append(f"{missing_cached} successful request(s) had no cached_tokens: cache metrics and "
-                         "weighted_throughput are not computed (start vLLM with --enable-prompt-tokens-details)")
-        else:
-            cached = sum(r.cached_tokens for r in ok)
-            out["uncached_input_tps"] = (prompt - cached) / duration
-            out["cache_tps"] = cached / duration
-            out["cache_hit_rate"] = cached / prompt if prompt else None
-            out["weighted_throughput"] = scoring.weighted(out["agg_output_tps"], out["uncached_input_tps"],
-                                                          out["cache_tps"])
-    elif not ok:
+        notes.append(f"{len(run.stalled)} of {len(run.ok)} successful request(s) stalled ({what}); {fate}")
+    if run.has_throughput and run.cached_missing:
+        notes.append(f"{run.cached_missing} successful request(s) had no cached_tokens: cache metrics and "
+                     "weighted_throughput are not computed (start vLLM with --enable-prompt-tokens-details)")
+    elif not run.ok:
         notes.append("no successful request")
-    out["notes"] = notes
-    return out
+    return notes
 
 
-def target_distance(summary: dict, scoring: Scoring) -> list[dict]:
+def target_distance(summary: RunSummary | dict, scoring: Scoring) -> list[dict]:
     """One row per platform target: value, target, met, and the distance in the metric's direction
     (positive = margin, negative = shortfall)."""
     rows = []

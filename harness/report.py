@@ -1,15 +1,13 @@
 """Human views of a run: the metrics table (terminal and report.md) with the distance to the platform's
-targets, and a PNG of the TTFT and per-request output TPS distributions. Units and directions come from
-the metric registry."""
+targets, and a PNG of the TTFT and per-request output TPS distributions. The table's metrics, their order,
+units and directions come from the metric declarations (harness/metrics.py)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from harness.metrics import REGISTRY, Scoring, target_distance
+from harness.metrics import REGISTRY, RunSummary, Scoring, shown_in, target_distance
 
-TABLE_METRICS = ("success_rate", "ttft_p50", "ttft_p90", "tpot_p50", "output_tps_p10", "output_tps_p50",
-                 "agg_output_tps", "uncached_input_tps", "cache_tps", "cache_hit_rate", "weighted_throughput",
-                 "requests", "stalled_requests", "gap_over_100ms_requests", "duration_s")
+TABLE_METRICS = shown_in("table")
 _ARROW = {"higher": "↑", "lower": "↓", "info": ""}
 
 
@@ -26,7 +24,7 @@ def fmt(name: str, v) -> str:
     return f"{v:.2f}"
 
 
-def metrics_table(points: list[tuple[str, dict]], scoring: Scoring) -> str:
+def metrics_table(points: list[tuple[str, RunSummary]], scoring: Scoring) -> str:
     """Markdown table: one row per metric, one column per point, the platform target beside."""
     header = "| metric | " + " | ".join(name for name, _ in points) + " | platform target |"
     lines = [header, "|" + "---|" * (len(points) + 2)]
@@ -36,7 +34,7 @@ def metrics_table(points: list[tuple[str, dict]], scoring: Scoring) -> str:
         target = f"{t.op} {fmt(m, t.value)}" if t else ""
         cells = []
         for _, s in points:
-            v = s.get(m)
+            v = s.metrics.get(m)
             mark = ""
             if t and v is not None:
                 mark = " ✓" if t.met(v) else " ✗"
@@ -45,7 +43,7 @@ def metrics_table(points: list[tuple[str, dict]], scoring: Scoring) -> str:
     return "\n".join(lines)
 
 
-def target_table(summary: dict, scoring: Scoring) -> str:
+def target_table(summary: RunSummary, scoring: Scoring) -> str:
     lines = ["| metric | value | target | met | distance (+ margin / − shortfall) |", "|---|---|---|---|---|"]
     for row in target_distance(summary, scoring):
         m = row["metric"]
@@ -55,8 +53,9 @@ def target_table(summary: dict, scoring: Scoring) -> str:
     return "\n".join(lines)
 
 
-def write_report(path: Path, *, title: str, manifest: dict, points: list[tuple[str, dict]], scoring: Scoring,
-                 end_reason: str, server_view: dict | None, hardware: dict | None, notes: list[str]) -> None:
+def write_report(path: Path, *, title: str, manifest: dict, points: list[tuple[str, RunSummary]],
+                 scoring: Scoring, end_reason: str, server_view: dict | None, hardware: dict | None,
+                 notes: list[str]) -> None:
     md = [f"# {title}", ""]
     srv = manifest["server"]
     md += [f"- server: `{srv['base_url']}` (vLLM {srv.get('version') or 'version unknown'})",
@@ -69,10 +68,10 @@ def write_report(path: Path, *, title: str, manifest: dict, points: list[tuple[s
     md += ["## Distance to the platform targets", ""]
     for name, s in points:
         md += [f"### {name}", "", target_table(s, scoring), ""]
-        failures = {k: v for k, v in s.get("failures", {}).items() if v}
+        failures = {k: v for k, v in s.failures.items() if v}
         if failures:
             md += [f"Failures by class: {failures}", ""]
-        for n in s.get("notes", []):
+        for n in s.notes:
             md += [f"> {n}", ""]
     md += ["## Server-side view (Prometheus /metrics deltas over the measured phases)", ""]
     if server_view:

@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from harness.client import ClientConfig, RequestRecord, make_http_client, stream_request
 from harness.datasets import Dataset, Item
-from harness.metrics import Scoring, summarize
+from harness.metrics import RunSummary, Scoring, summarize
 
 
 @dataclass(frozen=True)
@@ -28,12 +28,8 @@ class Point:
 class PointResult:
     point: Point
     records: list[RequestRecord] = field(default_factory=list)
-    summaries: list[dict] = field(default_factory=list)  # one per completed repeat
+    summaries: list[RunSummary] = field(default_factory=list)  # one per completed repeat
     interrupted: bool = False
-
-
-class Interrupted(Exception):
-    pass
 
 
 async def _run_items(http, cfg: ClientConfig, items: list[Item], concurrency: int, tags: dict,
@@ -97,10 +93,9 @@ async def _run_point(cfg: ClientConfig, point: Point, scoring: Scoring, stop: as
             if stop.is_set():
                 result.interrupted = True
                 if measured:
-                    result.summaries.append({**summarize(measured, scoring, exclude_stalled), "repeat": rep,
-                                             "interrupted": True})
+                    result.summaries.append(summarize(measured, scoring, exclude_stalled).for_repeat(rep, True))
                 break
-            result.summaries.append({**summarize(measured, scoring, exclude_stalled), "repeat": rep})
+            result.summaries.append(summarize(measured, scoring, exclude_stalled).for_repeat(rep))
     return result
 
 

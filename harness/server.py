@@ -2,7 +2,7 @@
 
 Why each choice:
 - readiness is a real generation: `/health` answers 200 before the engine ever ran a step, and a broken
-  engine dies on the first request (shared/notes/vllm-cpu.md);
+  engine dies on the first request (docs/design.md);
 - the server runs in its own session (process group) so teardown can signal the API server, the engine
   core and any worker at once; then psutil checks that none of the recorded descendants survives;
 - the log goes to a file in the run directory; if the server dies its tail is in the error.
@@ -16,41 +16,18 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import psutil
 
+from harness import watchdog
 from harness.errors import HarnessError, ServerDied
 from harness.placement import CpuLayout, apply_to_server, plan_layout
 
 DEFAULT_SERVED_NAME = "tiny-qwen36"
-
-# Why a separate process: a killed owner (CI timeout, kill -9) runs no teardown, and the server lives in its
-# own session, so nothing else would end it. The watchdog exits as soon as the server group is gone.
-_WATCHDOG = """
-import os, signal, sys, time
-owner, group = int(sys.argv[1]), int(sys.argv[2])
-def alive(pid, group=False):
-    try:
-        (os.killpg if group else os.kill)(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-while alive(owner) and alive(group, True):
-    time.sleep(1)
-if alive(group, True):
-    os.killpg(group, signal.SIGTERM)
-    for _ in range(20):
-        time.sleep(0.5)
-        if not alive(group, True):
-            break
-    else:
-        os.killpg(group, signal.SIGKILL)
-"""
 
 
 @dataclass(frozen=True)
@@ -88,15 +65,28 @@ def embedded_config(model_dir: Path | str, **overrides) -> ServerConfig:
     runs are comparable; `overrides` are ServerConfig fields (extra_args, env, port...)."""
     from harness.paths import PATCH_CHAT_TEMPLATE, TINY_MODEL_CHAT_TEMPLATE
 
-    from patches.settings import API_PATCH_ENVS
+    from patches.settings import api_patch_switches
 
     template = PATCH_CHAT_TEMPLATE if PATCH_CHAT_TEMPLATE.exists() else TINY_MODEL_CHAT_TEMPLATE
     # The API server's request-compatibility patches on, as in computility-run.yaml (the conformance suite's
     # target tiny-cpu is the patched server). A switch set in this process's environment (QWEN36_PATCH_...=0:
     # a stock server, target tiny-cpu-stock) or in an `env` override wins.
-    env = {**{var: os.environ.get(var, "1") for var in API_PATCH_ENVS.values()}, **overrides.pop("env", {})}
+    env = {**{var: os.environ.get(var, "1") for var in api_patch_switches().values()}, **overrides.pop("env", {})}
     return ServerConfig(**{"model": str(model_dir), "chat_template": template, "max_model_len": 8192, "env": env,
                            **overrides})
+
+
+def embedded_server(work_dir: Path | str, model_dir: Path | str | None = None, log_path: Path | str | None = None,
+                    **overrides) -> ManagedServer:
+    """The embedded tiny server, not started yet (call start(), or use it as a context manager): on
+    `model_dir`, or on the tiny model built into `work_dir`/tiny-model; its log in `log_path`, default
+    `work_dir`/server.log; `overrides` go to embedded_config. `qwen36 serve`, `qwen36 bench`, the test
+    session's server and the perf gates' regressed servers all start it here."""
+    if model_dir is None:
+        from harness.tiny_model import build_tiny_model
+
+        model_dir = build_tiny_model(Path(work_dir) / "tiny-model")
+    return ManagedServer(embedded_config(model_dir, **overrides), Path(log_path or Path(work_dir) / "server.log"))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -200,10 +190,8 @@ class ManagedServer:
             log.write(f"qwen36: process placement ({self.layout.describe()}): {placed}\n")
 
     def _start_watchdog(self) -> None:
-        owner = self.cfg.owner_pid or os.getpid()
-        subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(owner), str(self.proc.pid)],
-                         start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+        # A killed owner runs no teardown: the watchdog ends the server's group then (harness/watchdog.py).
+        watchdog.start(self.cfg.owner_pid or os.getpid(), self.proc.pid)
 
     def _remember_descendants(self) -> None:
         try:
@@ -275,25 +263,26 @@ def terminate_tree(pid: int, known_descendants: dict[int, "psutil.Process"] | No
     except psutil.NoSuchProcess:
         pass
     _signal_group(pid, signal.SIGTERM)
-    for p in _alive(procs):
+    for p in still_running(procs.values()):
         _signal(p, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while _alive(procs) and time.monotonic() < deadline:
+    while still_running(procs.values()) and time.monotonic() < deadline:
         time.sleep(0.2)
-    if _alive(procs):
+    if still_running(procs.values()):
         _signal_group(pid, signal.SIGKILL)
-        for p in _alive(procs):
+        for p in still_running(procs.values()):
             _signal(p, signal.SIGKILL)
         time.sleep(0.5)
-    left = _alive(procs)
+    left = still_running(procs.values())
     if left:
         raise HarnessError(f"server processes {sorted(p.pid for p in left)} survived SIGKILL; "
                            "end them by hand (kill -9 PID)")
 
 
-def _alive(procs: dict[int, psutil.Process]) -> list[psutil.Process]:
+def still_running(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
+    """Those of `procs` that run (a zombie has ended: it only waits for its parent to read its status)."""
     alive = []
-    for p in procs.values():
+    for p in procs:
         try:
             if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
                 alive.append(p)

@@ -18,7 +18,7 @@ from typing import Callable
 from filelock import FileLock
 
 from harness.errors import ServerDied
-from harness.server import ManagedServer, terminate_tree
+from harness.server import ManagedServer, embedded_server, terminate_tree
 
 STATE_ENV = "QWEN36_SERVER_STATE_DIR"
 OWNER_ENV = "QWEN36_SERVER_OWNER_PID"  # the owner: its death ends the server, whatever the workers do
@@ -84,9 +84,5 @@ def owner_pid() -> int | None:
 
 def start_embedded(state_dir: Path) -> tuple[ManagedServer, str]:
     """The embedded tiny vLLM CPU server on a tiny model built in `state_dir`, ended when the owner dies."""
-    from harness.server import embedded_config
-    from harness.tiny_model import build_tiny_model
-
-    model_dir = build_tiny_model(Path(state_dir) / "tiny-model")
-    cfg = embedded_config(model_dir, owner_pid=owner_pid())
-    return ManagedServer(cfg, Path(state_dir) / "server.log").start(), str(model_dir)
+    server = embedded_server(state_dir, owner_pid=owner_pid())
+    return server.start(), server.cfg.model

@@ -6,19 +6,20 @@
     y = (o * sigmoid(gate)) @ o_proj^T
 A cached prefix of P tokens puts the new queries at positions P.. and lets them attend to all P cached keys.
 
-Attention cores (the softmax(q k^T) v part) are registered in `ATTENTION_CORES`:
+Attention cores (the softmax(q k^T) v part) are registered in `ATTENTION_CORES`, a model.paths.PathTable:
 `fn(q [B, NH, T, D], k [B, NKV, S, D], v [B, NKV, S, D], q_start, scale) -> [B, NH, T, D]` in q's dtype,
 where query i sits at position q_start + i and key j at position j (S = q_start + T).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Callable, Mapping
+from typing import Mapping
 
 import torch
 import torch.nn.functional as F
 
 from .norm import RMS_NORM_PATHS, compute_dtype
+from .paths import ComputePath, PathTable
 from .rope import apply_partial_rope, rope_cos_sin
 
 __all__ = [
@@ -155,10 +156,11 @@ def attention_core_sdpa(q, k, v, q_start, scale):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
-ATTENTION_CORES: dict[str, Callable[..., torch.Tensor]] = {
-    "reference": attention_core_reference,
-    "sdpa": attention_core_sdpa,
-}
+# Outputs are in q's dtype.
+ATTENTION_CORES = PathTable("attention core", [
+    ComputePath("reference", attention_core_reference, "scores, mask, softmax, sum, written out", is_reference=True),
+    ComputePath("sdpa", attention_core_sdpa, "F.scaled_dot_product_attention, prefix-causal mask"),
+])
 
 
 def gated_attention(
@@ -189,7 +191,7 @@ def gated_attention(
     cos, sin = rope_cos_sin(positions, d.rotary_dim, d.rope_theta, x.dtype)
     q, k = apply_partial_rope(q, cos, sin), apply_partial_rope(k, cos, sin)
     new_cache = KVCache(torch.cat([cache.k, k.to(cache.k.dtype)], dim=2), torch.cat([cache.v, v.to(cache.v.dtype)], dim=2))
-    o = ATTENTION_CORES[core](q, new_cache.k, new_cache.v, start, d.head_dim**-0.5)
+    o = ATTENTION_CORES[core].fn(q, new_cache.k, new_cache.v, start, d.head_dim**-0.5)
     o = o.transpose(1, 2).reshape(batch, tokens, d.num_heads * d.head_dim)
     o = o * torch.sigmoid(gate.reshape(batch, tokens, -1))
     return F.linear(o, w.o_proj), new_cache

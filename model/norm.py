@@ -13,11 +13,10 @@ Paths: `fn(x, weight, eps[, z]) -> y` in x's dtype (the reference returns float6
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
+
+from .paths import ComputePath, PathTable, compute_dtype
 
 __all__ = [
     "NormPath",
@@ -31,16 +30,7 @@ __all__ = [
 ]
 
 
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64 (the reference precision); every lower precision computes in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-@dataclass(frozen=True)
-class NormPath:
-    name: str
-    fn: Callable[..., torch.Tensor]
-    description: str = ""
+NormPath = ComputePath  # the name this module's table records had before the generic table
 
 
 def _check_weight(x: torch.Tensor, weight: torch.Tensor, what: str) -> None:
@@ -90,12 +80,12 @@ def gated_rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, z: t
     return y.mul_(F.silu(z.to(ct))).to(x.dtype)
 
 
-# Tests iterate these tables: a path is tested the moment it is registered.
-RMS_NORM_PATHS: dict[str, NormPath] = {
-    "reference": NormPath("reference", rms_norm_reference, "x_hat * (1 + w), written out"),
-    "fused": NormPath("fused", rms_norm_fused, "F.rms_norm with 1 + w"),
-}
-GATED_NORM_PATHS: dict[str, NormPath] = {
-    "reference": NormPath("reference", gated_rms_norm_reference, "w * x_hat * silu(z), written out"),
-    "fused": NormPath("fused", gated_rms_norm_fused, "F.rms_norm then in-place * silu(z)"),
-}
+# Tests iterate these tables: a path is tested the moment it is registered. Outputs are in x's dtype.
+RMS_NORM_PATHS = PathTable("RMSNorm path", [
+    ComputePath("reference", rms_norm_reference, "x_hat * (1 + w), written out", is_reference=True),
+    ComputePath("fused", rms_norm_fused, "F.rms_norm with 1 + w"),
+])
+GATED_NORM_PATHS = PathTable("gated RMSNorm path", [
+    ComputePath("reference", gated_rms_norm_reference, "w * x_hat * silu(z), written out", is_reference=True),
+    ComputePath("fused", gated_rms_norm_fused, "F.rms_norm then in-place * silu(z)"),
+])

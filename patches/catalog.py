@@ -1,4 +1,5 @@
-"""Every patch of the set, in table order. A new patch is one module with a `PATCH` and one line here."""
+"""Every patch of the set, in table order. A new patch is one module with a `PATCH` (its seam, switch and
+default declared there) and one line here: patches/settings.py reads the switches of this list."""
 from __future__ import annotations
 
 from . import (moe_experts, nonstream_trailing_content, object_tool_arguments, openai_errors, stream_tool_marker,

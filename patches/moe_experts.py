@@ -23,10 +23,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .registry import Patch
-from .settings import MOE_ENV, PatchSettings
+from model.moe import MoEConfig, select_expert_path
+from model.moe.config import TINY_MAX_LIMIT
 
-__all__ = ["PATCH", "ARCHITECTURES", "uninstall", "substituted_layer_count"]
+from .registry import Patch
+
+__all__ = ["PATCH", "SWITCH", "ARCHITECTURES", "dispatch_rule", "uninstall", "substituted_layer_count"]
+
+SWITCH = "QWEN36_PATCH_MOE"
 
 SEAM_MODULE = "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method"
 SEAM_CLASS = "UnquantizedFusedMoEMethod"
@@ -87,15 +91,15 @@ def probe() -> str | None:
     return None
 
 
-def enabled(settings: PatchSettings) -> tuple[bool, str]:
-    if not settings.moe_experts:
-        return False, f"opt-in: {MOE_ENV}=1 turns it on"
+def enabled(settings) -> tuple[bool, str]:
+    if not settings.is_on("moe_experts"):
+        return False, f"opt-in: {SWITCH}=1 turns it on"
     if not settings.moe.native:
-        return False, f"{MOE_ENV}=1 but MOE_NATIVE=0: vLLM's fused MoE stays in place"
+        return False, f"{SWITCH}=1 but MOE_NATIVE=0: vLLM's fused MoE stays in place"
     return True, ""
 
 
-def install(settings: PatchSettings) -> str:
+def install(settings) -> str:
     cls = _seam_class()
     config = settings.moe  # the dispatcher picks a path per token count from it
     if not _State.originals:
@@ -103,8 +107,23 @@ def install(settings: PatchSettings) -> str:
         cls.process_weights_after_loading = _wrap_pwal(_State.originals["process_weights_after_loading"])
         cls.apply = _wrap_apply(_State.originals["apply"], config)
     return (f"routed experts of {', '.join(sorted(ARCHITECTURES))} by model.moe.dispatch_experts "
-            f"(T=1: {'decode_fused' if config.decode_native else config.tiny_impl}, T<={config.tiny_max}: "
-            f"{config.tiny_impl}, else {config.prefill_impl}); dispatch table: {_table_detail()}")
+            f"({dispatch_rule(config)}); dispatch table: {_table_detail()}")
+
+
+def dispatch_rule(config: MoEConfig) -> str:
+    """The path model.moe.select_expert_path picks per token count T under `config` where no dispatch
+    table decides, asked of the dispatcher itself: e.g. `T=1: decode_fused, T=2..8: tiny_bmm, T>=9: sorted`.
+    ENGINEX_MOE_TINY_MAX is at most TINY_MAX_LIMIT, so from TINY_MAX_LIMIT + 1 on the knobs pick one path."""
+    runs: list[list] = []  # [first T, last T, path]
+    for t in range(1, TINY_MAX_LIMIT + 2):
+        path = select_expert_path(t, config)
+        if runs and runs[-1][2] == path:
+            runs[-1][1] = t
+        else:
+            runs.append([t, t, path])
+    *closed, (last_from, _, last_path) = runs
+    parts = [f"T={a}: {p}" if a == b else f"T={a}..{b}: {p}" for a, b, p in closed]
+    return ", ".join([*parts, f"T>={last_from}: {last_path}" if closed else f"every T: {last_path}"])
 
 
 def _device_name() -> str | None:
@@ -215,7 +234,7 @@ def _routed_experts_op():
     its per-T path choice and data-dependent grouping are not frozen into the graph."""
     if _Runtime.op is None:
         from model.dispatch_table import table_choice_for
-        from model.moe import dispatch_experts, select_expert_path
+        from model.moe import dispatch_experts
 
         @torch.library.custom_op("qwen36::moe_routed_experts", mutates_args=())
         def moe_routed_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
@@ -260,7 +279,10 @@ PATCH = Patch(
     name="moe_experts",
     seam=f"{SEAM_CLASS}.apply/.process_weights_after_loading",
     required=True,
+    switch=SWITCH,
+    kind="compute",
     enabled=enabled,
     probe=probe,
     install=install,
+    uninstall=uninstall,
 )

@@ -16,13 +16,10 @@ engine's `_deferred_content` after the pass.
 from __future__ import annotations
 
 import functools
-import inspect
 
 from . import seams
-from .registry import Patch
-from .settings import NONSTREAM_TRAILING_CONTENT_ENV, PatchSettings
 
-__all__ = ["PATCH", "uninstall"]
+__all__ = ["PATCH"]
 
 ENGINE = "vllm.parser.engine.parser_engine:ParserEngine"
 METHOD = "_single_pass_parse"
@@ -43,28 +40,11 @@ def _wrap(original):
 
 
 def probe() -> str | None:
-    for path in (f"{ENGINE}.{METHOD}", f"{ENGINE}._events_to_delta"):
-        if (problem := seams.attribute_problem(path)) is not None:
-            return problem
-    if HELD_BACK not in inspect.getsource(seams.resolve(f"{ENGINE}._events_to_delta")):
-        return f"ParserEngine._events_to_delta no longer holds text back in {HELD_BACK}"
-    return None
+    return (seams.first_problem(f"{ENGINE}.{METHOD}", f"{ENGINE}._events_to_delta")
+            or seams.source_problem(f"{ENGINE}._events_to_delta", HELD_BACK))  # where it holds text back
 
 
-def enabled(settings: PatchSettings) -> tuple[bool, str]:
-    if not settings.nonstream_trailing_content:
-        return False, f"{NONSTREAM_TRAILING_CONTENT_ENV}=1 turns it on"
-    return True, ""
-
-
-def install(settings: PatchSettings) -> str:
-    seams.wrap_method(seams.resolve(ENGINE), METHOD, _wrap)
-    return "text generated after a tool call stays in the non-stream answer's content, as streamed"
-
-
-def uninstall() -> None:
-    seams.unwrap_method(seams.resolve(ENGINE), METHOD)
-
-
-PATCH = Patch(name="nonstream_trailing_content", seam=f"ParserEngine.{METHOD}", required=True,
-              enabled=enabled, probe=probe, install=install)
+PATCH = seams.api_patch(
+    "nonstream_trailing_content", "QWEN36_PATCH_NONSTREAM_TRAILING_CONTENT", f"ParserEngine.{METHOD}", probe,
+    (seams.WrappedMethod(ENGINE, METHOD, _wrap),),
+    "text generated after a tool call stays in the non-stream answer's content, as streamed")

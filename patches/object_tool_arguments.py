@@ -17,10 +17,8 @@ import json
 from typing import Any
 
 from . import seams
-from .registry import Patch
-from .settings import OBJECT_TOOL_ARGS_ENV, PatchSettings
 
-__all__ = ["PATCH", "stringify_object_arguments", "uninstall"]
+__all__ = ["PATCH", "stringify_object_arguments"]
 
 REQUEST_MODEL = "vllm.entrypoints.openai.chat_completion.protocol:ChatCompletionRequest"
 RENDERER_STEP = "vllm.renderers.chat_utils:_postprocess_messages"
@@ -42,36 +40,11 @@ def stringify_object_arguments(data: Any) -> Any:
     return data
 
 
-def _validator(cls, data: Any) -> Any:
-    return stringify_object_arguments(data)
-
-
 def probe() -> str | None:
-    for path in (REQUEST_MODEL, RENDERER_STEP):
-        if (problem := seams.attribute_problem(path)) is not None:
-            return problem
-    model = seams.resolve(REQUEST_MODEL)
-    if (problem := seams.pydantic_problem(model)) is not None:
-        return problem
-    if "messages" not in model.model_fields:
-        return "ChatCompletionRequest has no `messages` field"
-    return None
+    return seams.first_problem(RENDERER_STEP) or seams.model_problem(REQUEST_MODEL, ("messages",))
 
 
-def enabled(settings: PatchSettings) -> tuple[bool, str]:
-    if not settings.object_tool_arguments:
-        return False, f"{OBJECT_TOOL_ARGS_ENV}=1 turns it on"
-    return True, ""
-
-
-def install(settings: PatchSettings) -> str:
-    seams.add_model_validator(seams.resolve(REQUEST_MODEL), VALIDATOR, _validator, mode="before")
-    return "object tool-call arguments sent as their JSON string; vLLM's renderer parses them back"
-
-
-def uninstall() -> None:
-    seams.remove_model_validator(seams.resolve(REQUEST_MODEL), VALIDATOR)
-
-
-PATCH = Patch(name="object_tool_arguments", seam="ChatCompletionRequest (model validator, before)",
-              required=True, enabled=enabled, probe=probe, install=install)
+PATCH = seams.api_patch(
+    "object_tool_arguments", "QWEN36_PATCH_OBJECT_TOOL_ARGS", "ChatCompletionRequest (model validator, before)",
+    probe, (seams.AddedValidator(REQUEST_MODEL, VALIDATOR, stringify_object_arguments),),
+    "object tool-call arguments sent as their JSON string; vLLM's renderer parses them back")

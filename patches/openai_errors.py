@@ -18,10 +18,8 @@ import re
 from typing import Any
 
 from . import seams
-from .registry import Patch
-from .settings import OPENAI_ERRORS_ENV, PatchSettings
 
-__all__ = ["PATCH", "openai_error_fields", "uninstall"]
+__all__ = ["PATCH", "openai_error_fields"]
 
 ERROR_INFO = "vllm.entrypoints.serve.engine.protocol:ErrorInfo"
 ERROR_RESPONSE = "vllm.entrypoints.serve.engine.protocol:ErrorResponse"
@@ -63,38 +61,11 @@ def openai_error_fields(data: Any) -> Any:
     return out
 
 
-def _validator(cls, data: Any) -> Any:
-    return openai_error_fields(data)
-
-
 def probe() -> str | None:
-    for path in (ERROR_INFO, ERROR_RESPONSE):
-        if (problem := seams.attribute_problem(path)) is not None:
-            return problem
-    model = seams.resolve(ERROR_INFO)
-    if (problem := seams.pydantic_problem(model)) is not None:
-        return problem
-    missing = {"type", "param", "code", "message"} - set(model.model_fields)
-    if missing:
-        return f"ErrorInfo has no {', '.join(sorted(missing))} field"
-    return None
+    return seams.first_problem(ERROR_RESPONSE) or seams.model_problem(ERROR_INFO, ("type", "param", "code", "message"))
 
 
-def enabled(settings: PatchSettings) -> tuple[bool, str]:
-    if not settings.openai_errors:
-        return False, f"{OPENAI_ERRORS_ENV}=1 turns it on"
-    return True, ""
-
-
-def install(settings: PatchSettings) -> str:
-    seams.add_model_validator(seams.resolve(ERROR_INFO), VALIDATOR, _validator, mode="before",
-                              rebuild=(seams.resolve(ERROR_RESPONSE),))
-    return "error.type invalid_request_error (4xx) / server_error (5xx); error.param the request field"
-
-
-def uninstall() -> None:
-    seams.remove_model_validator(seams.resolve(ERROR_INFO), VALIDATOR, rebuild=(seams.resolve(ERROR_RESPONSE),))
-
-
-PATCH = Patch(name="openai_errors", seam="ErrorInfo (model validator, before)", required=True,
-              enabled=enabled, probe=probe, install=install)
+PATCH = seams.api_patch(
+    "openai_errors", "QWEN36_PATCH_OPENAI_ERRORS", "ErrorInfo (model validator, before)", probe,
+    (seams.AddedValidator(ERROR_INFO, VALIDATOR, openai_error_fields, rebuild=(ERROR_RESPONSE,)),),
+    "error.type invalid_request_error (4xx) / server_error (5xx); error.param the request field")

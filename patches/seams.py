@@ -6,14 +6,23 @@ model's schema when the route is created; vLLM creates the OpenAI routes after i
 (`vllm.plugins.load_general_plugins` runs while the engine arguments are parsed), so a rebuild at
 `register()` time reaches the server. The added validators are pydantic's own machinery (a
 `Decorator` in `__pydantic_decorators__`), the same record a `@model_validator` in the class body makes.
+
+`api_patch` builds an API-side patch's `PATCH` from its switch, its probe and its hooks (`WrappedMethod`,
+`AddedValidator`), which install and uninstall from the same declaration; a patch module then holds only
+its seam and its fix.
 """
 from __future__ import annotations
 
 import importlib
+import inspect
+from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["attribute_problem", "pydantic_problem", "resolve", "add_model_validator", "remove_model_validator",
-           "has_model_validator", "wrap_method", "unwrap_method", "is_wrapped"]
+from .registry import Patch
+
+__all__ = ["attribute_problem", "first_problem", "model_problem", "source_problem", "pydantic_problem", "resolve",
+           "add_model_validator", "remove_model_validator", "has_model_validator", "wrap_method", "unwrap_method", "is_wrapped",
+           "WrappedMethod", "AddedValidator", "api_patch"]
 
 _WRAPPED = "__qwen36_original__"
 
@@ -40,6 +49,29 @@ def attribute_problem(path: str) -> str | None:
             return f"{seen} has no {part}"
         obj, seen = getattr(obj, part), f"{seen}.{part}"
     return None
+
+
+def first_problem(*paths: str) -> str | None:
+    """None when every path resolves, else why the first that does not is missing."""
+    return next((p for p in map(attribute_problem, paths) if p is not None), None)
+
+
+def source_problem(path: str, name: str) -> str | None:
+    """None when the source of `path` still uses `name` (a private attribute a patch relies on), else why not."""
+    if name in inspect.getsource(resolve(path)):
+        return None
+    return f"{path.rpartition(':')[2]} no longer uses {name}"
+
+
+def model_problem(path: str, fields: tuple[str, ...]) -> str | None:
+    """None when `path` is a pydantic v2 model with `fields` whose validators can be extended here."""
+    if (problem := attribute_problem(path)) is not None:
+        return problem
+    model = resolve(path)
+    if (problem := pydantic_problem(model)) is not None:
+        return problem
+    missing = sorted(set(fields) - set(model.model_fields))
+    return f"{model.__name__} has no {', '.join(missing)} field" if missing else None
 
 
 def pydantic_problem(model: Any) -> str | None:
@@ -106,3 +138,52 @@ def unwrap_method(owner: Any, name: str) -> None:
 
 def is_wrapped(fn: Any) -> bool:
     return hasattr(fn, _WRAPPED)
+
+
+@dataclass(frozen=True)
+class WrappedMethod:
+    """`owner.method` (owner a `module:Class` path) replaced by `make_wrapper(original)`."""
+    owner: str
+    method: str
+    make_wrapper: Callable[[Callable], Callable]
+
+    def install(self) -> None:
+        wrap_method(resolve(self.owner), self.method, self.make_wrapper)
+
+    def uninstall(self) -> None:
+        unwrap_method(resolve(self.owner), self.method)
+
+
+@dataclass(frozen=True)
+class AddedValidator:
+    """A `mode="before"` model validator `name` on the pydantic model at `model`: `func(data) -> data`.
+    `rebuild`: the models that embed it, rebuilt with it."""
+    model: str
+    name: str
+    func: Callable[[Any], Any]
+    rebuild: tuple[str, ...] = ()
+
+    def install(self) -> None:
+        func = self.func
+        add_model_validator(resolve(self.model), self.name, lambda cls, data: func(data), mode="before",
+                            rebuild=tuple(map(resolve, self.rebuild)))
+
+    def uninstall(self) -> None:
+        remove_model_validator(resolve(self.model), self.name, rebuild=tuple(map(resolve, self.rebuild)))
+
+
+def api_patch(name: str, switch: str, seam: str, probe: Callable[[], str | None],
+              hooks: tuple[WrappedMethod | AddedValidator, ...], detail: str) -> Patch:
+    """A required API-side patch, on exactly when `switch` is (default off): installing it installs `hooks`
+    (each idempotent) and reports `detail`; uninstalling removes them."""
+    def install(settings) -> str:
+        for hook in hooks:
+            hook.install()
+        return detail
+
+    def uninstall() -> None:
+        for hook in hooks:
+            hook.uninstall()
+
+    return Patch(name=name, seam=seam, required=True, switch=switch, kind="api", probe=probe, install=install,
+                 uninstall=uninstall)

@@ -1,22 +1,11 @@
 """The plugin's typed settings: the only place the patch set reads its environment.
 
-Each variable takes 1/0 (or on/off, true/false, yes/no); each defaults to 0, so an unset environment leaves
-vLLM exactly as installed (a stock server). computility-run.yaml (the platform) and the embedded test server
-(harness.server.embedded_config) turn every one on.
-
-| variable                         | field                    | what it turns on                                |
-|----------------------------------|--------------------------|-------------------------------------------------|
-| QWEN36_PATCH_MOE                 | moe_experts              | routed experts of Qwen3-Next / Qwen3.5 MoE      |
-|                                  |                          | layers computed by model.moe.dispatch_experts   |
-| QWEN36_PATCH_OBJECT_TOOL_ARGS    | object_tool_arguments    | assistant tool-call `arguments` as a JSON object|
-|                                  |                          | accepted, same prompt as the string form        |
-| QWEN36_PATCH_STREAM_TOOL_MARKER  | stream_tool_marker       | a streamed forced tool call's spelled-out       |
-|                                  |                          | `<tool_call>` opens the call, not content       |
-| QWEN36_PATCH_TRUNCATED_TOOL_ARGS | truncated_tool_arguments | a non-stream tool call cut before its end keeps |
-|                                  |                          | its truncated arguments text (not `{}`)         |
-| QWEN36_PATCH_NONSTREAM_TRAILING_CONTENT | nonstream_trailing_content | text after a tool call kept in the   |
-|                                  |                          | non-stream content, as the stream sends it      |
-| QWEN36_PATCH_OPENAI_ERRORS       | openai_errors            | error bodies: OpenAI `type` and `param`         |
+Each patch declares its switch (an environment variable) and its default in its `PATCH`; the settings read
+the switch of every patch in patches/catalog.py, so a new patch needs no line here. A switch takes 1/0 (or
+true/false, yes/no, on/off: model/env.py, which also says why an empty value is refused); every default is
+0, so an unset environment leaves vLLM exactly as installed (a stock server). `qwen36 patches status` prints
+each patch with its switch; computility-run.yaml (the platform) and the embedded test server
+(harness.server.embedded_config, through `api_patch_switches`) turn them on.
 
 The MoE dispatcher's own knobs (MOE_NATIVE, ENGINEX_MOE_TINY_IMPL, ...) stay in model.moe.MoEConfig; with
 MOE_NATIVE=0 the substitution stays off and vLLM's fused MoE runs, as that config documents.
@@ -30,60 +19,48 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from model.env import env_bool
 from model.moe import MoEConfig
 
-__all__ = ["MOE_ENV", "OBJECT_TOOL_ARGS_ENV", "STREAM_TOOL_MARKER_ENV", "TRUNCATED_TOOL_ARGS_ENV",
-           "NONSTREAM_TRAILING_CONTENT_ENV", "OPENAI_ERRORS_ENV", "API_PATCH_ENVS", "TABLE_LOGGED_ENV",
-           "PatchSettings", "PatchSettingsError"]
+from . import catalog
+from .registry import Patch
 
-MOE_ENV = "QWEN36_PATCH_MOE"
-OBJECT_TOOL_ARGS_ENV = "QWEN36_PATCH_OBJECT_TOOL_ARGS"
-STREAM_TOOL_MARKER_ENV = "QWEN36_PATCH_STREAM_TOOL_MARKER"
-TRUNCATED_TOOL_ARGS_ENV = "QWEN36_PATCH_TRUNCATED_TOOL_ARGS"
-NONSTREAM_TRAILING_CONTENT_ENV = "QWEN36_PATCH_NONSTREAM_TRAILING_CONTENT"
-OPENAI_ERRORS_ENV = "QWEN36_PATCH_OPENAI_ERRORS"
-# The API server's request-compatibility patches (field name -> variable).
-API_PATCH_ENVS = {
-    "object_tool_arguments": OBJECT_TOOL_ARGS_ENV,
-    "stream_tool_marker": STREAM_TOOL_MARKER_ENV,
-    "truncated_tool_arguments": TRUNCATED_TOOL_ARGS_ENV,
-    "nonstream_trailing_content": NONSTREAM_TRAILING_CONTENT_ENV,
-    "openai_errors": OPENAI_ERRORS_ENV,
-}
+__all__ = ["TABLE_LOGGED_ENV", "PatchSettings", "PatchSettingsError", "api_patch_switches",
+           "table_already_logged", "mark_table_logged"]
+
 TABLE_LOGGED_ENV = "QWEN36_PATCH_TABLE_LOGGED"
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
 
 
 class PatchSettingsError(ValueError):
     """A patch variable has a value the plugin cannot use; the message names the variable and the fix."""
 
 
-def _parse_bool(name: str, raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise PatchSettingsError(f"{name}={raw!r} is not a boolean: set it to 1 (on) or 0 (off)")
-
-
 @dataclass(frozen=True)
 class PatchSettings:
-    moe_experts: bool = False  # opt-in: off leaves vLLM exactly as installed
+    patches: tuple[Patch, ...]  # the patches these settings were read for (what apply_patches applies)
+    switches: Mapping[str, bool]  # patch name -> its switch
     moe: MoEConfig = field(default_factory=MoEConfig)  # the dispatcher's knobs, read by their own config
-    object_tool_arguments: bool = False
-    stream_tool_marker: bool = False
-    truncated_tool_arguments: bool = False
-    nonstream_trailing_content: bool = False
-    openai_errors: bool = False
+
+    def is_on(self, name: str) -> bool:
+        if name not in self.switches:
+            raise KeyError(f"patch {name} is not one of those these settings were read for "
+                           f"({', '.join(self.switches)}): read them with PatchSettings.from_env(env, patches)")
+        return self.switches[name]
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "PatchSettings":
+    def from_env(cls, environ: Mapping[str, str] | None = None,
+                 patches: tuple[Patch, ...] | None = None) -> "PatchSettings":
+        """The switches of `patches` (default: the catalog's) and the MoE knobs from `environ` (default: this
+        process's environment)."""
         env = os.environ if environ is None else environ
-        api = {name: _parse_bool(var, env.get(var, "0")) for name, var in API_PATCH_ENVS.items()}
-        return cls(moe_experts=_parse_bool(MOE_ENV, env.get(MOE_ENV, "0")), moe=MoEConfig.from_env(env), **api)
+        patches = catalog.PATCHES if patches is None else tuple(patches)
+        switches = {p.name: env_bool(env, p.switch, p.default, PatchSettingsError) for p in patches}
+        return cls(patches, switches, MoEConfig.from_env(env))
+
+
+def api_patch_switches(patches: tuple[Patch, ...] | None = None) -> dict[str, str]:
+    """Patch name -> switch of every patch that mends the API server's requests and answers (kind "api")."""
+    return {p.name: p.switch for p in (catalog.PATCHES if patches is None else patches) if p.kind == "api"}
 
 
 def table_already_logged(environ: Mapping[str, str] | None = None) -> bool:

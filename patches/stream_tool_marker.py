@@ -24,10 +24,8 @@ import inspect
 from typing import Any
 
 from . import seams
-from .registry import Patch
-from .settings import STREAM_TOOL_MARKER_ENV, PatchSettings
 
-__all__ = ["PATCH", "forced_tool_choice", "uninstall"]
+__all__ = ["PATCH", "forced_tool_choice"]
 
 ENGINE = "vllm.parser.engine.parser_engine:ParserEngine"
 STREAMING_ENGINE = "vllm.parser.engine.streaming_parser_engine:StreamingParserEngine"
@@ -59,33 +57,17 @@ def _wrap(original):
 
 
 def probe() -> str | None:
-    for path in (f"{ENGINE}.{METHOD}", f"{STREAMING_ENGINE}._process_lex_tokens", NAMED_CHOICE):
-        if (problem := seams.attribute_problem(path)) is not None:
-            return problem
+    if (problem := seams.first_problem(f"{ENGINE}.{METHOD}", f"{STREAMING_ENGINE}._process_lex_tokens",
+                                       NAMED_CHOICE)) is not None:
+        return problem
     method = getattr(seams.resolve(ENGINE), METHOD)
     params = tuple(inspect.signature(getattr(method, "__wrapped__", method)).parameters)
     if params != METHOD_PARAMS:
         return f"ParserEngine.{METHOD}{params} differs from the expected {METHOD_PARAMS}"
-    lex = seams.resolve(f"{STREAMING_ENGINE}._process_lex_tokens")
-    if STRICT_SET not in inspect.getsource(lex):
-        return f"StreamingParserEngine._process_lex_tokens no longer reads {STRICT_SET}"
-    return None
+    return seams.source_problem(f"{STREAMING_ENGINE}._process_lex_tokens", STRICT_SET)
 
 
-def enabled(settings: PatchSettings) -> tuple[bool, str]:
-    if not settings.stream_tool_marker:
-        return False, f"{STREAM_TOOL_MARKER_ENV}=1 turns it on"
-    return True, ""
-
-
-def install(settings: PatchSettings) -> str:
-    seams.wrap_method(seams.resolve(ENGINE), METHOD, _wrap)
-    return "forced tool_choice: a spelled-out <tool_call> / </tool_call> in a stream opens / closes the call"
-
-
-def uninstall() -> None:
-    seams.unwrap_method(seams.resolve(ENGINE), METHOD)
-
-
-PATCH = Patch(name="stream_tool_marker", seam=f"ParserEngine.{METHOD}", required=True,
-              enabled=enabled, probe=probe, install=install)
+PATCH = seams.api_patch(
+    "stream_tool_marker", "QWEN36_PATCH_STREAM_TOOL_MARKER", f"ParserEngine.{METHOD}", probe,
+    (seams.WrappedMethod(ENGINE, METHOD, _wrap),),
+    "forced tool_choice: a spelled-out <tool_call> / </tool_call> in a stream opens / closes the call")

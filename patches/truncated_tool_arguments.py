@@ -24,10 +24,8 @@ from __future__ import annotations
 import functools
 
 from . import seams
-from .registry import Patch
-from .settings import TRUNCATED_TOOL_ARGS_ENV, PatchSettings
 
-__all__ = ["PATCH", "truncated_arguments", "uninstall"]
+__all__ = ["PATCH", "truncated_arguments"]
 
 ENGINE = "vllm.parser.engine.parser_engine:ParserEngine"
 STREAMING_ENGINE = "vllm.parser.engine.streaming_parser_engine:StreamingParserEngine"
@@ -99,35 +97,16 @@ def _wrap_build(original):
 
 
 def probe() -> str | None:
-    paths = [f"{STREAMING_ENGINE}.finish", f"{STREAMING_ENGINE}.reset", PROPERTIES, *(f"{ENGINE}.{h}" for h in HELPERS),
-             *(f"{STATES}.{s}" for s in OPEN_STATES)]
-    for path in paths:
-        if (problem := seams.attribute_problem(path)) is not None:
-            return problem
-    return None
-
-
-def enabled(settings: PatchSettings) -> tuple[bool, str]:
-    if not settings.truncated_tool_arguments:
-        return False, f"{TRUNCATED_TOOL_ARGS_ENV}=1 turns it on"
-    return True, ""
-
-
-def install(settings: PatchSettings) -> str:
-    seams.wrap_method(seams.resolve(STREAMING_ENGINE), "finish", _wrap_finish)
-    seams.wrap_method(seams.resolve(STREAMING_ENGINE), "reset", _wrap_reset)
-    seams.wrap_method(seams.resolve(ENGINE), "_flush_arg_converter", _wrap_flush)
-    seams.wrap_method(seams.resolve(ENGINE), "_build_extracted_result", _wrap_build)
-    return "a call cut before its end: arguments = the text generated so far, streamed or not; finish_reason kept"
-
-
-def uninstall() -> None:
-    seams.unwrap_method(seams.resolve(STREAMING_ENGINE), "finish")
-    seams.unwrap_method(seams.resolve(STREAMING_ENGINE), "reset")
-    seams.unwrap_method(seams.resolve(ENGINE), "_flush_arg_converter")
-    seams.unwrap_method(seams.resolve(ENGINE), "_build_extracted_result")
+    return seams.first_problem(f"{STREAMING_ENGINE}.finish", f"{STREAMING_ENGINE}.reset", PROPERTIES,
+                               *(f"{ENGINE}.{h}" for h in HELPERS), *(f"{STATES}.{s}" for s in OPEN_STATES))
 
 
 # The table's seam column names the two result paths; StreamingParserEngine.finish/.reset are in the docstring.
-PATCH = Patch(name="truncated_tool_arguments", seam="ParserEngine._build_extracted_result/._flush_arg_converter",
-              required=True, enabled=enabled, probe=probe, install=install)
+PATCH = seams.api_patch(
+    "truncated_tool_arguments", "QWEN36_PATCH_TRUNCATED_TOOL_ARGS",
+    "ParserEngine._build_extracted_result/._flush_arg_converter", probe,
+    (seams.WrappedMethod(STREAMING_ENGINE, "finish", _wrap_finish),
+     seams.WrappedMethod(STREAMING_ENGINE, "reset", _wrap_reset),
+     seams.WrappedMethod(ENGINE, "_flush_arg_converter", _wrap_flush),
+     seams.WrappedMethod(ENGINE, "_build_extracted_result", _wrap_build)),
+    "a call cut before its end: arguments = the text generated so far, streamed or not; finish_reason kept")

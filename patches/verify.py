@@ -11,6 +11,7 @@ import json
 import sys
 
 from .registry import apply_patches, format_table, missing_required, vllm_version
+from .settings import PatchSettings
 
 ENTRY_POINT = ("vllm.general_plugins", "qwen36_patches", "patches.plugin:register")
 
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from vllm.plugins import load_general_plugins
 
     load_general_plugins()  # vLLM's own loader: calls patches.plugin.register in this process
-    statuses = apply_patches()  # idempotent: reads back what the loader installed
+    statuses = apply_patches(PatchSettings.from_env())  # idempotent: reads back what the loader installed
     if as_json:
         version = vllm_version()
         print(json.dumps([{"name": s.name, "state": s.state.value, "required": s.required, "seam": s.seam,

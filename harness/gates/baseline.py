@@ -34,7 +34,7 @@ import yaml
 
 from harness.errors import HarnessError
 from harness.gates.decision import Tolerance, min_margin, min_tolerance
-from harness.metrics import REGISTRY
+from harness.metrics import REGISTRY, check_declared
 from harness.paths import BASELINES_DIR, GATE_POLICY_FILE
 
 # A tolerance raised above this gets a note in the file saying which noise needed it.
@@ -169,21 +169,23 @@ def _check(baseline: Baseline, path: Path) -> None:
         raise HarnessError(f"baseline {baseline.profile!r} ({path}): tolerance_floor {floor} must be a fraction "
                            "between 0 and 1 (0.08 for 8%)")
     for point in baseline.points:
+        # A point may lack a gated metric (not measured there), never hold one the declarations do not gate.
+        check_declared(baseline.gated_metrics(point), "gates",
+                       f"baseline {baseline.profile!r} ({path}), point {point!r} tolerances", complete=False)
         for metric in baseline.gated_metrics(point):
-            direction = REGISTRY[metric].direction if metric in REGISTRY else None
-            if direction is None:
-                raise HarnessError(f"baseline {baseline.profile!r} ({path}): {metric} is not a metric of "
-                                   "harness/metrics.py REGISTRY; remove its tolerance")
             try:
-                baseline.tolerance(point, metric).margin(direction)
+                baseline.tolerance(point, metric).margin(REGISTRY[metric].direction)
             except ValueError as e:
                 raise HarnessError(f"baseline {baseline.profile!r} ({path}), point {point!r}, {metric}: {e}") from e
 
 
 def load_policy(path: Path = GATE_POLICY_FILE) -> dict[str, Tolerance]:
-    """The gated metrics and their default tolerances."""
+    """The default tolerance of each metric harness/metrics.py declares for `gates` (the file must give one
+    for each of them, and for no other)."""
     doc = yaml.safe_load(Path(path).read_text())
-    return _tolerances(doc["gated"])
+    policy = _tolerances(doc["gated"])
+    check_declared(policy, "gates", f"gate policy {path}, gated")
+    return policy
 
 
 def coefficient_of_variation(values: list[float]) -> float | None:

@@ -1,9 +1,9 @@
-"""A/B comparison of two run directories, point by point (the InfiniLM report's method, shared/seeds 004).
+"""A/B comparison of two run directories, point by point (the InfiniLM report's method, docs/design.md).
 
 For each point both runs measured: the ratio B / A of each metric's median over repeats, and per metric the
 geometric mean of the ratios across points. A point that failed in A (no successful request) but succeeded
 in B is "capacity gained", listed apart and kept out of the means: it is not a speed-up. The reverse is
-"capacity lost".
+"capacity lost". The metrics compared are those harness/metrics.py declares for `compare`, in its order.
 """
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ from typing import Iterable
 
 from harness.gates.gate import NotComparable, RunDir
 from harness.gates.identity import identity_differences, identity_from_manifest
-from harness.metrics import REGISTRY
+from harness.metrics import REGISTRY, shown_in
 
-COMPARED = ("output_tps_p10", "output_tps_p50", "ttft_p90", "ttft_p50", "agg_output_tps", "cache_hit_rate",
-            "success_rate", "weighted_throughput")
+COMPARED = shown_in("compare")
 
 
 @dataclass

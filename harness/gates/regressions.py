@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness import shared_server
-from harness.server import ManagedServer, embedded_config
+from harness.server import ManagedServer, embedded_server
 from harness.shared_server import ServerInfo
 
 # A regressed server's KV cache: 1 GiB (1.6M tokens of the tiny model, 40 times the gate workload's), not the
@@ -46,9 +46,10 @@ REGRESSIONS: tuple[InjectedRegression, ...] = (
 def starter(regression: InjectedRegression, model_dir: str | Path) -> Callable[[Path], tuple[ManagedServer, str]]:
     """A `start` for shared_server.acquire: this regression's server on the session's model files."""
     def start(state_dir: Path) -> tuple[ManagedServer, str]:
-        cfg = embedded_config(model_dir, extra_args=regression.extra_args, cpu_kvcache_gib=REGRESSED_KV_GIB,
-                              start_mirrored=regression.start_mirrored, owner_pid=shared_server.owner_pid())
-        return ManagedServer(cfg, Path(state_dir) / f"{regression.name}.log").start(), str(model_dir)
+        server = embedded_server(state_dir, model_dir, Path(state_dir) / f"{regression.name}.log",
+                                 extra_args=regression.extra_args, cpu_kvcache_gib=REGRESSED_KV_GIB,
+                                 start_mirrored=regression.start_mirrored, owner_pid=shared_server.owner_pid())
+        return server.start(), str(model_dir)
 
     return start
 

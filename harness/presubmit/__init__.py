@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import names
 from .checks import STATIC_CHECKS, CheckResult, Context, run_static
 from .suites import check_suites
 from .template_check import check_chat_template
@@ -35,7 +36,7 @@ def run_presubmit(root: Path, skip_suites: bool = False, server_url: str | None 
         if all(r.go for r in results):
             results.append(check_suites(ctx))
         else:  # the suites take minutes; a static no-go already decides
-            results.append(CheckResult("suites", False, "not run: fix the static no-go rows first"))
+            results.append(CheckResult(names.SUITES, False, "not run: fix the static no-go rows first"))
     return Verdict(tuple(results), skip_suites)
 
 

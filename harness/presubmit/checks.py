@@ -1,8 +1,9 @@
-"""The static presubmit checks. Each takes the checkout's `Context` and returns a `CheckResult`; its detail
-names the file and the fix on a no-go."""
+"""The static presubmit checks. Each is declared under its row name (names.py) with `presubmit_check`, takes
+the checkout's `Context` and returns (go, detail); its detail names the file and the fix on a no-go."""
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import os
 import re
@@ -14,13 +15,15 @@ from functools import cached_property
 from pathlib import Path
 
 from harness.errors import HarnessError
+from model.env import TRUE_VALUES, EnvValueError, env_bool, parse_bool
 
+from . import names
 from .dockerfile import Dockerfile, parse_dockerfile
 from .runconfig import RUN_CONFIG_NAME, RunConfig, load_run_config
 
-__all__ = ["CheckResult", "Context", "STATIC_CHECKS", "PLATFORM_MIN_INPUT_TOKENS"]
+__all__ = ["CheckResult", "Context", "STATIC_CHECKS", "PLATFORM_MIN_INPUT_TOKENS", "presubmit_check"]
 
-# The platform's longest scored input (seeds 000: "235K+ input window"); the context must hold it plus the
+# The platform's longest scored input (its 235K+ input window, docs/design.md); the context must hold it plus the
 # output budget.
 PLATFORM_MIN_INPUT_TOKENS = 235_000
 # Files the image build or the platform reads or executes: a CRLF in any of them broke the build twice.
@@ -30,10 +33,9 @@ _SKIP_DIRS = {".git", ".venv", "runs", "node_modules", "__pycache__", ".pytest_c
               ".ruff_cache", "build", "dist"}
 _SKIP_PREFIXES = ("fixtures/presubmit/",)  # the broken fixtures are broken on purpose
 PROFILING_SWITCHES = re.compile(r"^(PROF_(TRACE|MOE_SUMMARY|MOE_SYNC)|ENGINEX_PROFILE_(DECODE|SYNC))$")
-PROFILING_REQUIRED_OFF = ("PROF_TRACE", "PROF_MOE_SUMMARY")  # the ledger's explicit production values
-_OFF = {"0", "", "false", "off", "no"}
+PROFILING_REQUIRED_OFF = ("PROF_TRACE", "PROF_MOE_SUMMARY")  # explicitly 0 in production (docs/design.md)
 _DEFAULT_ON_IN_CODE = re.compile(
-    r"""environ\.get\(\s*["'](PROF_\w+|ENGINEX_PROFILE_\w+)["']\s*,\s*["'](1|true|on|yes)["']""")
+    r"""environ\.get\(\s*["'](PROF_\w+|ENGINEX_PROFILE_\w+)["']\s*,\s*["'](""" + "|".join(TRUE_VALUES) + r""")["']""")
 _NETWORK_RUN = re.compile(r"\b(curl|wget|git\s+clone|apt-get\s+install|apt\s+install)\b")
 
 
@@ -42,6 +44,25 @@ class CheckResult:
     name: str
     go: bool
     detail: str
+
+
+def presubmit_check(name: str):
+    """Declares a check under its row name (one of names.CHECK_NAMES): the function returns (go, detail), the
+    declared check a CheckResult of that name; a HarnessError it raises (an unreadable run config) is that
+    row's no-go."""
+    def declare(check):
+        @functools.wraps(check)
+        def run(*args, **kwargs) -> CheckResult:
+            try:
+                go, detail = check(*args, **kwargs)
+            except HarnessError as exc:
+                go, detail = False, str(exc)
+            return CheckResult(name, go, detail)
+
+        run.check_name = name
+        return run
+
+    return declare
 
 
 class Context:
@@ -104,12 +125,12 @@ def _gitattributes_lf(root: Path) -> list[tuple[str, bool]] | None:
     return rules
 
 
-def check_line_endings(ctx: Context) -> CheckResult:
+@presubmit_check(names.LINE_ENDINGS)
+def check_line_endings(ctx: Context) -> tuple[bool, str]:
     rules = _gitattributes_lf(ctx.root)
     if rules is None:
-        return CheckResult("line_endings", False, ".gitattributes is missing: add `Dockerfile text eol=lf`, "
-                           "`*.sh text eol=lf`, `*.yaml text eol=lf`, `*.jinja text eol=lf` (a CRLF script broke "
-                           "the image build)")
+        return False, (".gitattributes is missing: add `Dockerfile text eol=lf`, `*.sh text eol=lf`, "
+                       "`*.yaml text eol=lf`, `*.jinja text eol=lf` (a CRLF script broke the image build)")
     crlf, unruled = [], []
     files = ctx.build_files()
     for path in files:
@@ -129,8 +150,8 @@ def check_line_endings(ctx: Context) -> CheckResult:
     if unruled:
         problems.append(f".gitattributes gives no `eol=lf` to {', '.join(unruled)}: add a `PATTERN text eol=lf` line")
     if problems:
-        return CheckResult("line_endings", False, "; ".join(problems))
-    return CheckResult("line_endings", True, f"{len(files)} build files LF, all covered by .gitattributes eol=lf")
+        return False, "; ".join(problems)
+    return True, f"{len(files)} build files LF, all covered by .gitattributes eol=lf"
 
 
 def _template_copy_source(ctx: Context) -> tuple[Path | None, str]:
@@ -149,7 +170,8 @@ def _template_copy_source(ctx: Context) -> tuple[Path | None, str]:
                   f"add `COPY patches/chat_template.jinja {target}` or fix the path")
 
 
-def check_dockerfile(ctx: Context) -> CheckResult:
+@presubmit_check(names.DOCKERFILE)
+def check_dockerfile(ctx: Context) -> tuple[bool, str]:
     df, rc = ctx.dockerfile, ctx.run_config
     problems = []
     names = [i for i, _ in df.instructions]
@@ -197,9 +219,9 @@ def check_dockerfile(ctx: Context) -> CheckResult:
             problems.append(f"RUN reaches the network ({r[:60]}...): install from the build context with "
                             "pip --no-index --no-deps")
     if problems:
-        return CheckResult("dockerfile", False, "; ".join(problems))
-    return CheckResult("dockerfile", True, f"parsed {len(df.instructions)} instructions; base from ARG BASE_IMAGE; "
-                       f"template -> {rc.flag('--chat-template')}; CMD, EXPOSE {rc.port}, WORKDIR and ENV agree")
+        return False, "; ".join(problems)
+    return True, (f"parsed {len(df.instructions)} instructions; base from ARG BASE_IMAGE; "
+                  f"template -> {rc.flag('--chat-template')}; CMD, EXPOSE {rc.port}, WORKDIR and ENV agree")
 
 
 def installed_parser_names() -> tuple[set[str], set[str]] | None:
@@ -217,7 +239,8 @@ def installed_parser_names() -> tuple[set[str], set[str]] | None:
     return tools, reasoning
 
 
-def check_run_config(ctx: Context) -> CheckResult:
+@presubmit_check(names.RUN_CONFIG)
+def check_run_config(ctx: Context) -> tuple[bool, str]:
     rc = ctx.run_config
     problems, notes = [], []
     budget = rc.output_budget_tokens
@@ -251,23 +274,42 @@ def check_run_config(ctx: Context) -> CheckResult:
         if reasoning and reasoning not in names[1]:
             problems.append(f"reasoning parser {reasoning!r} does not exist in the installed vLLM "
                             f"(known: {', '.join(sorted(names[1]))})")
+    problems += patch_switch_problems(rc.env)
     if problems:
-        return CheckResult("run_config", False, "; ".join(problems))
-    return CheckResult("run_config", True, "; ".join([f"context {context} >= {PLATFORM_MIN_INPUT_TOKENS} + {budget}",
-                       f"batched {rc.flag('--max-num-batched-tokens')}", f"parsers {tool}/{reasoning}", *notes]))
+        return False, "; ".join(problems)
+    return True, "; ".join([f"context {context} >= {PLATFORM_MIN_INPUT_TOKENS} + {budget}",
+                            f"batched {rc.flag('--max-num-batched-tokens')}", f"parsers {tool}/{reasoning}",
+                            "every required patch's switch on", *notes])
 
 
-def check_no_shadowing_vllm(ctx: Context) -> CheckResult:
+def patch_switch_problems(env: dict[str, str]) -> list[str]:
+    """What keeps a required patch of patches/catalog.py off in `env` (the run config's environment): the
+    expected switches come from the catalog, so a new patch is checked here without a line in this file."""
+    from patches.catalog import PATCHES
+
+    problems = []
+    for patch in (p for p in PATCHES if p.required):
+        try:
+            on = env_bool(env, patch.switch, patch.default)
+        except EnvValueError as exc:
+            problems.append(f"{exc} (the switch of patch {patch.name})")
+            continue
+        if not on:
+            problems.append(f"{RUN_CONFIG_NAME} leaves required patch {patch.name} off: set {patch.switch}: \"1\"")
+    return problems
+
+
+@presubmit_check(names.NO_VLLM_SHADOW)
+def check_no_vllm_shadow(ctx: Context) -> tuple[bool, str]:
     shadows = [p for p in ("vllm", "vllm.py") if (ctx.root / p).exists()]
     if shadows:
-        return CheckResult("no_vllm_shadow", False, f"{', '.join(shadows)} at the repository root shadows the "
-                           "installed "
-                           "vLLM for a server started there (seeds 000: 'invalid tool call parser: qwen3_coder'): "
-                           "remove or rename it")
-    return CheckResult("no_vllm_shadow", True, "no vllm/ or vllm.py at the repository root")
+        return False, (f"{', '.join(shadows)} at the repository root shadows the installed vLLM for a server "
+                       "started there (docs/design.md: 'invalid tool call parser: qwen3_coder'): remove or rename it")
+    return True, "no vllm/ or vllm.py at the repository root"
 
 
-def check_profiling_off(ctx: Context) -> CheckResult:
+@presubmit_check(names.PROFILING_OFF)
+def check_profiling_off(ctx: Context) -> tuple[bool, str]:
     problems = []
     env = ctx.run_config.env
     for key in PROFILING_REQUIRED_OFF:
@@ -275,19 +317,25 @@ def check_profiling_off(ctx: Context) -> CheckResult:
             problems.append(f"{RUN_CONFIG_NAME} does not set {key}: set it to \"0\" explicitly")
     for where, mapping in ((RUN_CONFIG_NAME, env), ("Dockerfile ENV", ctx.dockerfile.envs)):
         for key, value in mapping.items():
-            if PROFILING_SWITCHES.match(key) and str(value).strip().lower() not in _OFF:
-                problems.append(f"{where} turns profiling on ({key}={value}): set it to 0")
+            if not PROFILING_SWITCHES.match(key):
+                continue
+            try:
+                if parse_bool(key, str(value)):
+                    problems.append(f"{where} turns profiling on ({key}={value}): set it to 0")
+            except EnvValueError as exc:
+                problems.append(f"{where}: {exc}")
     for pkg in ("model", "patches", "harness"):
         for path in sorted((ctx.root / pkg).rglob("*.py")) if (ctx.root / pkg).exists() else []:
             for m in _DEFAULT_ON_IN_CODE.finditer(path.read_text(errors="replace")):
                 problems.append(f"{ctx.rel(path)} defaults {m.group(1)} on: make the default \"0\"")
     if problems:
-        return CheckResult("profiling_off", False, "; ".join(problems))
-    return CheckResult("profiling_off", True, f"{', '.join(PROFILING_REQUIRED_OFF)} = 0; no profiling switch on "
-                       "in the run config, Dockerfile or code defaults")
+        return False, "; ".join(problems)
+    return True, (f"{', '.join(PROFILING_REQUIRED_OFF)} = 0; no profiling switch on in the run config, Dockerfile "
+                  "or code defaults")
 
 
-def check_plugin_status(ctx: Context) -> CheckResult:
+@presubmit_check(names.PLUGIN_STATUS)
+def check_plugin_status(ctx: Context) -> tuple[bool, str]:
     """Load the plugin through vLLM's own loader in a fresh interpreter, with the run config's environment,
     from a folder without a checkout (as the platform starts it); every required patch must apply."""
     env = {**os.environ, **ctx.run_config.env}
@@ -298,26 +346,19 @@ def check_plugin_status(ctx: Context) -> CheckResult:
         rows = json.loads(proc.stdout.strip().splitlines()[-1])
     except (json.JSONDecodeError, IndexError):
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return CheckResult("plugin_status", False, f"patches.verify exited {proc.returncode}: {tail}")
+        return False, f"patches.verify exited {proc.returncode}: {tail}"
     summary = ", ".join(f"{r['name']} {r['state']}" for r in rows)
     missing = [r for r in rows if r["required"] and r["state"] != "applied"]
     if proc.returncode != 0 or missing:
         why = "; ".join(f"required patch {r['name']} is {r['state']}: {r['detail']}" for r in missing)
-        return CheckResult("plugin_status", False, why or f"patches.verify exited {proc.returncode}")
-    return CheckResult("plugin_status", True, f"{summary} ({rows[0]['vllm'] if rows else 'no patches'}), "
-                       "loaded by vLLM's plugin loader with the run config's environment")
+        return False, why or f"patches.verify exited {proc.returncode}"
+    return True, (f"{summary} ({rows[0]['vllm'] if rows else 'no patches'}), loaded by vLLM's plugin loader with "
+                  "the run config's environment")
 
 
-STATIC_CHECKS = (check_line_endings, check_dockerfile, check_run_config, check_no_shadowing_vllm,
+STATIC_CHECKS = (check_line_endings, check_dockerfile, check_run_config, check_no_vllm_shadow,
                  check_profiling_off, check_plugin_status)
 
 
 def run_static(ctx: Context, checks=None) -> list[CheckResult]:
-    results = []
-    for check in checks or STATIC_CHECKS:
-        name = check.__name__.removeprefix("check_")
-        try:
-            results.append(check(ctx))
-        except HarnessError as exc:
-            results.append(CheckResult(name, False, str(exc)))
-    return results
+    return [check(ctx) for check in checks or STATIC_CHECKS]

@@ -5,7 +5,8 @@ import importlib.util
 import subprocess
 import sys
 
-from .checks import CheckResult, Context
+from . import names
+from .checks import Context, presubmit_check
 
 # tests/patches holds the plugin's unit tests and its on/off equivalence on the tiny server.
 OFFLINE_SUITES = ("tests/unit", "tests/numerics", "tests/patches")
@@ -25,7 +26,8 @@ def _run(cmd: list[str], ctx: Context) -> tuple[int, list[str]]:
     return proc.returncode, [ln for ln in proc.stdout.strip().splitlines() if ln.strip()]
 
 
-def check_suites(ctx: Context, workers: str = "auto") -> CheckResult:
+@presubmit_check(names.SUITES)
+def check_suites(ctx: Context, workers: str = "auto") -> tuple[bool, str]:
     ok, server = server_available(ctx)
     suites = [s for s in OFFLINE_SUITES + (SERVER_SUITES if ok else ()) if (ctx.root / s).exists()]
     marker = "not gpu" if ok else "not gpu and not server"
@@ -44,6 +46,6 @@ def check_suites(ctx: Context, workers: str = "auto") -> CheckResult:
         summary = lines[-1].strip("= ") if lines else "(no pytest output)"
         if code not in (0, 5):  # 5: a phase with no test selected (e.g. no timing test in these suites)
             failed = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))][:3]
-            return CheckResult("suites", False, f"{summary} ({where}); {'; '.join(failed)}; rerun: {' '.join(cmd[2:])}")
+            return False, f"{summary} ({where}); {'; '.join(failed)}; rerun: {' '.join(cmd[2:])}"
         summaries.append(summary)
-    return CheckResult("suites", True, f"{' + '.join(summaries)} ({where})")
+    return True, f"{' + '.join(summaries)} ({where})"

@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from .checks import CheckResult, Context, _template_copy_source
+from . import names
+from .checks import Context, _template_copy_source, presubmit_check
 
 MESSAGES_FILE = Path("fixtures/api/messages.yaml")
 
@@ -60,12 +61,13 @@ def _texts(messages: list) -> list[str]:
             and isinstance(m.get("content"), str) and m["content"].strip()]
 
 
-def check_chat_template(ctx: Context) -> CheckResult:
+@presubmit_check(names.CHAT_TEMPLATE)
+def check_chat_template(ctx: Context) -> tuple[bool, str]:
     template_path, why = _template_copy_source(ctx)
     if template_path is None:
-        return CheckResult("chat_template", False, why)
+        return False, why
     if not template_path.exists():
-        return CheckResult("chat_template", False, f"{ctx.rel(template_path)} does not exist")
+        return False, f"{ctx.rel(template_path)} does not exist"
     corpus_path = ctx.root / MESSAGES_FILE
     if corpus_path.exists():
         corpus = yaml.safe_load(corpus_path.read_text())
@@ -75,7 +77,7 @@ def check_chat_template(ctx: Context) -> CheckResult:
     try:
         template = _environment().from_string(template_path.read_text())
     except Exception as exc:
-        return CheckResult("chat_template", False, f"{ctx.rel(template_path)} does not compile: {exc}")
+        return False, f"{ctx.rel(template_path)} does not compile: {exc}"
     problems, rendered, refused = [], 0, 0
     for name, case in cases.items():
         messages = case["messages"]
@@ -99,7 +101,7 @@ def check_chat_template(ctx: Context) -> CheckResult:
             problems.append(f"{name}: message text missing from the render ({missing[0][:40]!r})")
         rendered += 1
     if problems:
-        return CheckResult("chat_template", False, f"{ctx.rel(template_path)} against {source}: "
-                           + "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else ""))
-    return CheckResult("chat_template", True, f"{ctx.rel(template_path)}: {rendered} cases rendered with every message "
-                       f"text, {refused} refused as required ({source})")
+        return False, (f"{ctx.rel(template_path)} against {source}: " + "; ".join(problems[:5])
+                       + (f"; and {len(problems) - 5} more" if len(problems) > 5 else ""))
+    return True, (f"{ctx.rel(template_path)}: {rendered} cases rendered with every message text, {refused} "
+                  f"refused as required ({source})")

@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from model.gdn import GDN_RULE_PATHS, GDNDims, run_gdn_rule, state_dtype
+from model.gdn import GDN_RULE_PATHS, GDNDims, run_gdn_rule
 
 from .bounds import tolerances
 from .ceilings import Ceilings
@@ -18,15 +18,13 @@ from .prune import Pruner
 
 __all__ = ["sweep_gdn", "unavailable_rule_paths"]
 
-REFERENCE = "recurrent_reference"  # the definition, a Python token loop: what every output is checked against
-
 
 def unavailable_rule_paths(s: Settings) -> dict[str, str]:
     out = {}
-    for name, path in GDN_RULE_PATHS.items():
+    for path in GDN_RULE_PATHS.candidates():
         why = path.unavailable_reason(s.device, s.dtype)
-        if name != REFERENCE and why:
-            out[name] = why
+        if why:
+            out[path.name] = why
     return out
 
 
@@ -41,13 +39,14 @@ def _point(block: str, batch: int, tokens: int, d: GDNDims, s: Settings, ceiling
            seed: int, out_rows: list[Measurement]) -> None:
     key = batch if block == "gdn_decode" else tokens
     q, k, v, g, beta, state = gdn_rule_inputs(batch, tokens, d, s.dtype, s.device, seed)
-    ref_out, ref_state = run_gdn_rule(REFERENCE, q.double(), k.double(), v.double(), g.double(), beta.double(),
-                                      state.double())
+    ref_out, ref_state = run_gdn_rule(GDN_RULE_PATHS.reference.name, q.double(), k.double(), v.double(), g.double(),
+                                      beta.double(), state.double())
     floor = floor_of(gdn_rule_work(batch, tokens, d, v.element_size()), ceilings)
     saved = state.clone()
     rows = []
-    for name, path in GDN_RULE_PATHS.items():
-        if name == REFERENCE or not pruner.keeps(name, key) or not path.supports(tokens, s.dtype, s.device):
+    for path in GDN_RULE_PATHS.candidates():
+        name = path.name
+        if not pruner.keeps(name, key) or not path.supports(tokens, s.dtype, s.device):
             continue
         m = Measurement(block, key, name, "error", floor=floor, bound=_tolerance(name, s),
                         extra={"batch": batch, "tokens": tokens})
@@ -57,7 +56,7 @@ def _point(block: str, batch: int, tokens: int, d: GDNDims, s: Settings, ceiling
             out_rows.append(m)
             continue
         out = torch.empty(v.shape, dtype=s.dtype, device=s.device)
-        final = torch.empty(state.shape, dtype=state_dtype(name, s.dtype), device=s.device)
+        final = torch.empty(state.shape, dtype=path.state_dtype(s.dtype), device=s.device)
 
         def reset(out=out, final=final):
             out.fill_(float("nan"))

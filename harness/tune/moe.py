@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 
 from model.moe import EXPERT_PATHS, ROUTERS, MoEWeights, moe_block_reference, shared_expert
-from model.moe.experts import experts_reference
 
 from .bounds import tolerances
 from .ceilings import Ceilings
@@ -20,19 +19,16 @@ from .prune import Pruner
 
 __all__ = ["sweep_moe_experts", "sweep_moe_block", "unavailable_expert_paths"]
 
-# Paths that are definitions, not candidates: far too slow to serve, and what every output is checked against.
-REFERENCE = "reference"
-
 
 def unavailable_expert_paths(s: Settings) -> dict[str, str]:
-    return {n: f"unavailable for {s.dtype} on {s.device}" for n, p in EXPERT_PATHS.items()
-            if n != REFERENCE and not any(p.supports(t, s.dtype, s.device) for t in (p.min_tokens, 1, 64))}
+    return {p.name: f"unavailable for {s.dtype} on {s.device}" for p in EXPERT_PATHS.candidates()
+            if not any(p.supports(t, s.dtype, s.device) for t in (p.min_tokens, 1, 64))}
 
 
 def _candidates(tokens: int, s: Settings, pruner: Pruner):
-    for name, path in EXPERT_PATHS.items():
-        if name != REFERENCE and pruner.keeps(name, tokens) and path.supports(tokens, s.dtype, s.device):
-            yield name, path
+    for path in EXPERT_PATHS.candidates():
+        if pruner.keeps(path.name, tokens) and path.supports(tokens, s.dtype, s.device):
+            yield path.name, path
 
 
 def _tolerance(block_or_path: str, s: Settings) -> float | None:
@@ -53,7 +49,9 @@ def sweep_moe_experts(d: MoEDims, tokens_list, s: Settings, ceilings: Ceilings, 
         tick(f"moe T={tokens}")
         x = moe_hidden(tokens, d, s.dtype, s.device, seed=tokens)
         weights, ids = moe_routing(x, w)
-        ref = experts_reference(x, w.w13, w.w2, weights, ids, torch.empty(x.shape, dtype=torch.float64, device=s.device))
+        reference = EXPERT_PATHS.reference
+        ref = reference.fn(x, w.w13, w.w2, weights, ids,
+                           torch.empty(x.shape, dtype=reference.output_dtype(s.dtype), device=s.device))
         distinct = int(ids.unique().numel())
         floor = floor_of(moe_experts_work(tokens, distinct, d, x.element_size()), ceilings)
         here = []

@@ -10,13 +10,10 @@ The input state is never modified.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
 
-from ..norm import compute_dtype
+from ..paths import ComputePath, PathTable, always_float64, compute_dtype
 
 __all__ = [
     "ConvPath",
@@ -29,15 +26,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class ConvPath:
-    name: str
-    fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-    max_tokens: int | None = None
-    description: str = ""
-
-    def supports(self, num_tokens: int) -> bool:
-        return num_tokens >= 1 and (self.max_tokens is None or num_tokens <= self.max_tokens)
+ConvPath = ComputePath  # the name this module's table records had before the generic table
 
 
 def zero_conv_state(batch: int, channels: int, kernel: int, dtype: torch.dtype, device=None) -> torch.Tensor:
@@ -90,18 +79,13 @@ def conv_update(x, weight, conv_state):
     return y.unsqueeze(1).to(x.dtype), window[:, :, 1:].to(conv_state.dtype)
 
 
-CONV_PATHS: dict[str, ConvPath] = {
-    "reference": ConvPath("reference", conv_reference, description="explicit window sum in float64"),
-    "prefill": ConvPath("prefill", conv_prefill, description="grouped F.conv1d over [state, x]"),
-    "update": ConvPath("update", conv_update, max_tokens=1, description="T == 1 window shift"),
-}
+CONV_PATHS = PathTable("conv path", [
+    ComputePath("reference", conv_reference, "explicit window sum in float64", is_reference=True,
+                output_dtype_rule=always_float64),
+    ComputePath("prefill", conv_prefill, "grouped F.conv1d over [state, x]"),
+    ComputePath("update", conv_update, "T == 1 window shift", max_tokens=1),
+])
 
 
 def run_conv_path(name: str, x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor):
-    try:
-        path = CONV_PATHS[name]
-    except KeyError:
-        raise KeyError(f"unknown conv path {name!r}; registered: {sorted(CONV_PATHS)}") from None
-    if not path.supports(x.shape[1]):
-        raise ValueError(f"conv path {name!r} does not support T={x.shape[1]} (at most {path.max_tokens})")
-    return path.fn(x, weight, conv_state)
+    return CONV_PATHS.checked(name, x.shape[1], x.dtype, x.device).fn(x, weight, conv_state)

@@ -23,7 +23,8 @@ import functools
 
 import torch
 
-from .rule import GDNRulePath, register_gdn_rule_path
+from ..paths import ComputePath
+from .rule import GDN_RULE_PATHS
 
 __all__ = ["fla_unavailable_reason", "rule_fla_chunk", "rule_fla_recurrent"]
 
@@ -96,18 +97,18 @@ def rule_fla_recurrent(q, k, v, g, beta, initial_state, out, final_state):
 
 
 for _path in (
-    GDNRulePath(
+    ComputePath(
         "fla_chunk", rule_fla_chunk,
         # bf16 only: for float32 inputs fla's dots run in tf32 (~1e-3 relative), outside the float32 bound.
         dtypes=(torch.bfloat16,),
         why_unavailable=fla_unavailable_reason,
         description="fla-core chunk_gated_delta_rule (chunked prefill, Triton)",
     ),
-    GDNRulePath(
+    ComputePath(
         "fla_recurrent", rule_fla_recurrent,
         dtypes=(torch.float32, torch.bfloat16),  # float32 arithmetic throughout, no dots
         why_unavailable=fla_unavailable_reason,
         description="fla-core fused recurrent kernel (decode step, Triton)",
     ),
 ):
-    register_gdn_rule_path(_path)
+    GDN_RULE_PATHS.register(_path)

@@ -164,7 +164,7 @@ def select_rule_path(
         block, key = ("gdn_decode", batch) if num_tokens == 1 else ("gdn_prefill", num_tokens)
         measured = table_path_for(
             block, key, device, dtype,
-            lambda name: name in GDN_RULE_PATHS and GDN_RULE_PATHS[name].supports(num_tokens, dtype, device),
+            lambda name: GDN_RULE_PATHS.can_run(name, num_tokens, dtype, device),
         )
         if measured is not None:
             return measured

@@ -17,13 +17,10 @@ Tests iterate `GDN_RULE_PATHS`, so a path is tested the moment it is registered.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
 
-from ..norm import compute_dtype
+from ..paths import ComputePath, PathTable, always_float64, compute_dtype
 
 __all__ = [
     "CHUNK_SIZE",
@@ -40,65 +37,21 @@ __all__ = [
 CHUNK_SIZE = 64
 L2NORM_EPS = 1e-6
 
-RuleFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-LOW_PRECISION = (torch.float32, torch.bfloat16, torch.float16)
-ALL_FLOATS = LOW_PRECISION + (torch.float64,)
+GDNRulePath = ComputePath  # the name this module's table records had before the generic table
 
-
-@dataclass(frozen=True)
-class GDNRulePath:
-    """A registered gated-delta-rule path and what it supports (token count per call, dtypes of q/k/v)."""
-
-    name: str
-    fn: RuleFn
-    min_tokens: int = 1
-    max_tokens: int | None = None
-    dtypes: tuple[torch.dtype, ...] = ALL_FLOATS
-    available: Callable[[torch.device, torch.dtype], bool] = field(default=lambda device, dtype: True)
-    description: str = ""
-    # Why the path cannot run on (device, dtype), or None: for paths that need an optional library or a GPU.
-    why_unavailable: Callable[[torch.device, torch.dtype], str | None] | None = None
-
-    def unavailable_reason(self, device: torch.device | str, dtype: torch.dtype) -> str | None:
-        """None when the path can run on this device and dtype (any token count it takes), else why not."""
-        device = torch.device(device)
-        if dtype not in self.dtypes:
-            return f"{dtype} is not one of its dtypes {self.dtypes}"
-        if self.why_unavailable is not None:
-            reason = self.why_unavailable(device, dtype)
-            if reason:
-                return reason
-        if not self.available(device, dtype):
-            return f"not available for {dtype} on {device}"
-        return None
-
-    def supports(self, num_tokens: int, dtype: torch.dtype, device: torch.device | str) -> bool:
-        if num_tokens < self.min_tokens or (self.max_tokens is not None and num_tokens > self.max_tokens):
-            return False
-        return self.unavailable_reason(device, dtype) is None
-
-
-GDN_RULE_PATHS: dict[str, GDNRulePath] = {}
-
-
-def register_gdn_rule_path(path: GDNRulePath) -> GDNRulePath:
-    if path.name in GDN_RULE_PATHS:
-        raise ValueError(f"gated delta rule path {path.name!r} is already registered")
-    GDN_RULE_PATHS[path.name] = path
-    return path
-
-
-def gdn_rule_paths_for(num_tokens: int, dtype: torch.dtype, device: torch.device | str) -> list[GDNRulePath]:
-    return [p for p in GDN_RULE_PATHS.values() if p.supports(num_tokens, dtype, device)]
+# Low-precision paths keep the state in float32 (mamba_ssm_dtype): ComputePath's default state rule.
+GDN_RULE_PATHS = PathTable("gated delta rule path")
+register_gdn_rule_path = GDN_RULE_PATHS.register
+gdn_rule_paths_for = GDN_RULE_PATHS.paths_for
 
 
 def rule_output_dtype(name: str, input_dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if name == "recurrent_reference" else input_dtype
+    return GDN_RULE_PATHS[name].output_dtype(input_dtype)
 
 
 def state_dtype(name: str, input_dtype: torch.dtype) -> torch.dtype:
     """float32 state for every low-precision path (mamba_ssm_dtype), float64 in the reference."""
-    return torch.float64 if name == "recurrent_reference" else compute_dtype(input_dtype)
+    return GDN_RULE_PATHS[name].state_dtype(input_dtype)
 
 
 def _check_shapes(q, k, v, g, beta, initial_state) -> None:
@@ -250,32 +203,20 @@ def run_gdn_rule(
     final_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run a registered path by name, checking shapes and that the path supports this input."""
-    try:
-        path = GDN_RULE_PATHS[name]
-    except KeyError:
-        raise KeyError(f"unknown gated delta rule path {name!r}; registered: {sorted(GDN_RULE_PATHS)}") from None
     _check_shapes(q, k, v, g, beta, initial_state)
-    tokens = q.shape[1]
-    if not path.supports(tokens, v.dtype, v.device):
-        why = path.unavailable_reason(v.device, v.dtype)
-        raise ValueError(
-            f"gated delta rule path {name!r} does not support T={tokens} {v.dtype} on {v.device} "
-            f"(tokens {path.min_tokens}..{path.max_tokens or 'any'}, dtypes {path.dtypes}"
-            f"{'; ' + why if why else ''}); pick another path"
-        )
+    path = GDN_RULE_PATHS.checked(name, q.shape[1], v.dtype, v.device)
     batch, _, v_heads, v_dim = v.shape
     if out is None:
-        out = torch.empty(v.shape, dtype=rule_output_dtype(name, v.dtype), device=v.device)
+        out = torch.empty(v.shape, dtype=path.output_dtype(v.dtype), device=v.device)
     if final_state is None:
-        final_state = torch.empty(
-            (batch, v_heads, q.shape[3], v_dim), dtype=state_dtype(name, v.dtype), device=v.device
-        )
+        final_state = torch.empty((batch, v_heads, q.shape[3], v_dim), dtype=path.state_dtype(v.dtype), device=v.device)
     return path.fn(q, k, v, g, beta, initial_state, out, final_state)
 
 
 for _path in (
-    GDNRulePath("recurrent_reference", rule_recurrent_reference, description="token loop in float64 (the definition)"),
-    GDNRulePath("chunked", rule_chunked, description=f"chunks of {CHUNK_SIZE}, UT transform, scan over chunks"),
-    GDNRulePath("decode_step", rule_decode_step, max_tokens=1, description="T == 1: one vectorised step, fp32 state"),
+    ComputePath("recurrent_reference", rule_recurrent_reference, "token loop in float64 (the definition)",
+                is_reference=True, output_dtype_rule=always_float64, state_dtype_rule=always_float64),
+    ComputePath("chunked", rule_chunked, f"chunks of {CHUNK_SIZE}, UT transform, scan over chunks"),
+    ComputePath("decode_step", rule_decode_step, "T == 1: one vectorised step, fp32 state", max_tokens=1),
 ):
-    register_gdn_rule_path(_path)
+    GDN_RULE_PATHS.register(_path)

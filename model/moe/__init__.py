@@ -3,6 +3,7 @@ from .block import MOE_HF_NAMES, MoEWeights, fuse_per_expert_weights, moe_block,
 from .config import MoEConfig, MoEConfigError
 from .dispatch import dispatch_experts, select_expert_path
 from .experts import EXPERT_PATHS, ExpertPath, expert_paths_for, register_expert_path, run_expert_path
+from . import expert_paths  # noqa: F401  (each module there registers its paths into EXPERT_PATHS)
 from .router import ROUTERS, route_reference, route_topk_softmax, topk_lowest_id_on_ties
 
 __all__ = [

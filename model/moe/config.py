@@ -17,16 +17,15 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
+from model.env import parse_bool
+
 __all__ = ["MoEConfig", "MoEConfigError", "TINY_IMPLS", "PREFILL_IMPLS"]
 
-# `triton` needs Triton on a GPU (model/moe/triton_paths.py); a dispatch table (model/dispatch_table.py)
-# normally picks it there, the knob forces it.
+# `triton` needs Triton on a GPU (model/moe/expert_paths/triton_paths.py); a dispatch table
+# (model/dispatch_table.py) normally picks it there, the knob forces it.
 TINY_IMPLS = {"tokenwise": "tiny_tokenwise", "bmm": "tiny_bmm", "triton": "triton_decode"}
 PREFILL_IMPLS = {"sorted": "sorted", "grouped_mm": "grouped_mm", "triton": "triton_grouped"}
 TINY_MAX_LIMIT = 4096
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
 
 
 class MoEConfigError(ValueError):
@@ -34,12 +33,7 @@ class MoEConfigError(ValueError):
 
 
 def _parse_bool(name: str, raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise MoEConfigError(f"{name}={raw!r} is not a boolean: set it to 1 or 0")
+    return parse_bool(name, raw, MoEConfigError)  # model/env.py: the accepted values, "" refused
 
 
 def _parse_choice(name: str, raw: str, choices: Mapping[str, str]) -> str:

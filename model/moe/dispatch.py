@@ -26,11 +26,11 @@ def select_expert_path(
     if num_tokens < 1:
         raise ValueError(f"num_tokens={num_tokens}: an MoE call needs at least one token")
     if not config.native:
-        return "reference"
+        return EXPERT_PATHS.reference.name
     if device is not None and dtype is not None:
         measured = table_path_for(
             "moe_experts", num_tokens, device, dtype,
-            lambda name: name in EXPERT_PATHS and EXPERT_PATHS[name].supports(num_tokens, dtype, device),
+            lambda name: EXPERT_PATHS.can_run(name, num_tokens, dtype, device),
         )
         if measured is not None:
             return measured

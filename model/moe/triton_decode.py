@@ -20,7 +20,7 @@ import triton.language as tl
 __all__ = ["DecodeConfig", "DECODE_CONFIGS", "INTERPRETED", "decode_config", "experts_triton_decode"]
 
 
-# Row strides only: the wrapper (model.moe.triton_paths) passes tensors whose last dim is contiguous.
+# Row strides only: the wrapper (model.moe.expert_paths.triton_paths) passes tensors whose last dim is contiguous.
 # top_k is not specialised on (its value changes nothing the compiler can use), to compile fewer variants.
 @triton.jit(do_not_specialize=["top_k"])
 def _gate_up_silu_kernel(

@@ -29,7 +29,7 @@ __all__ = ["GroupedConfig", "GROUPED_CONFIGS", "INTERPRETED", "grouped_config", 
 _NO_EXPERT: tl.constexpr = tl.constexpr(1 << 30)  # block_end of lanes past the last expert: above any block
 
 
-# The GEMMs take row strides only: the wrapper (model.moe.triton_paths) passes tensors whose last dim is
+# The GEMMs take row strides only: the wrapper (model.moe.expert_paths.triton_paths) passes tensors whose last dim is
 # contiguous. Counts that change nothing the compiler can use are not specialised on (fewer variants).
 @triton.jit(do_not_specialize=["num_pairs", "top_k"])
 def _count_kernel(ids_ptr, counts_ptr, rank_ptr, num_pairs, top_k, stride_it, stride_ik, BLOCK: tl.constexpr):

@@ -15,8 +15,8 @@ from typing import Union
 import torch
 import torch.nn.functional as F
 
-from ..attention import KVCache, gated_attention
-from ..gdn import GDNState, gdn_layer
+from ..attention import ATTENTION_CORES, KVCache, gated_attention
+from ..gdn import CONV_PATHS, GDN_RULE_PATHS, GDNState, gdn_layer
 from ..moe import MoEConfig, MoEWeights, moe_block
 from ..norm import RMS_NORM_PATHS
 from .weights import DenseMLPWeights, Qwen36Weights
@@ -41,10 +41,10 @@ class Qwen36Paths:
         return cls(
             moe=MoEConfig(native=False),
             router="reference",
-            gdn_rule="recurrent_reference",
-            gdn_conv="reference",
-            attention_core="reference",
-            norm="reference",
+            gdn_rule=GDN_RULE_PATHS.reference.name,
+            gdn_conv=CONV_PATHS.reference.name,
+            attention_core=ATTENTION_CORES.reference.name,
+            norm=RMS_NORM_PATHS.reference.name,
         )
 
 

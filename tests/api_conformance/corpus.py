@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import Any
 
@@ -14,6 +14,12 @@ from harness.paths import FIXTURES
 
 REQUESTS_FILE = FIXTURES / "api" / "requests.yaml"
 DEFAULT_TIMEOUT_S = 120.0
+# The `expect` keys checks.semantics reads; the header of requests.yaml says what each asserts
+# (tests/unit/test_api_fixtures.py keeps the header, this declaration and checks.py in step). A key not
+# declared here is refused when the corpus loads: a misspelt expectation would otherwise assert nothing.
+EXPECT_KEYS = ("status", "error_param", "choices", "choices_or_4xx", "max_seconds", "tool_calls", "tool_name",
+               "finish_reason", "echo_prompt", "prompt_tokens")
+MATRIX_CHOICE_KEYS = ("tool_choice", "expect")
 
 
 @dataclass(frozen=True)
@@ -24,7 +30,6 @@ class RequestCase:
     body: dict | None = None
     raw: str | None = None
     expect: dict = field(default_factory=dict)
-    deviation: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     greedy_pair: str | None = None
     same_prompt_as: str | None = None
@@ -46,9 +51,24 @@ def _raw() -> dict[str, Any]:
     return yaml.safe_load(REQUESTS_FILE.read_text())
 
 
+def case_keys() -> tuple[str, ...]:
+    """The keys a case of `cases:` may have (its name is the mapping's key)."""
+    return tuple(f.name for f in fields(RequestCase) if f.name != "name")
+
+
+def _check_keys(where: str, what: str, given, known) -> None:
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ValueError(f"{REQUESTS_FILE}: {where} has unknown {what} {unknown}; the known ones are "
+                         f"{sorted(known)}")
+
+
 def _tool_choice_cases(spec: dict) -> list[RequestCase]:
     cases = []
     for choice, c in spec["choices"].items():
+        where = f"tool_choice_matrix choice {choice!r}"
+        _check_keys(where, "key(s)", c, MATRIX_CHOICE_KEYS)
+        _check_keys(where, "expect key(s)", c["expect"], EXPECT_KEYS)
         for stream in (False, True):
             for thinking in (True, False):
                 body = copy.deepcopy(spec["body"])
@@ -61,15 +81,23 @@ def _tool_choice_cases(spec: dict) -> list[RequestCase]:
                 pair = None if stream else name.replace("_nonstream_", "_stream_")
                 cases.append(RequestCase(
                     name=name, family=spec["family"], body=body, expect={"status": 200, **c["expect"]},
-                    deviation=c.get("deviation_when_thinking") if thinking else None, greedy_pair=pair,
+                    greedy_pair=pair,
                 ))
     return cases
 
 
 @lru_cache(maxsize=1)
 def request_cases() -> tuple[RequestCase, ...]:
-    raw = _raw()
-    cases = [RequestCase(name=name, **spec) for name, spec in raw["cases"].items()]
+    return build_cases(_raw())
+
+
+def build_cases(raw: dict[str, Any]) -> tuple[RequestCase, ...]:
+    """The corpus's cases from the parsed file; unknown case or `expect` keys raise ValueError."""
+    cases = []
+    for name, spec in raw["cases"].items():
+        _check_keys(f"case {name!r}", "key(s)", spec, case_keys())
+        _check_keys(f"case {name!r}", "expect key(s)", spec.get("expect", {}), EXPECT_KEYS)
+        cases.append(RequestCase(name=name, **spec))
     cases += _tool_choice_cases(raw["tool_choice_matrix"])
     names = [c.name for c in cases]
     assert len(names) == len(set(names)), "duplicate case names in the request corpus"

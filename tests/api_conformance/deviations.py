@@ -17,7 +17,17 @@ STOCK_TARGETS = "*-stock"
 
 @lru_cache(maxsize=1)
 def deviations() -> tuple[dict, ...]:
-    entries = yaml.safe_load(DEVIATIONS_FILE.read_text())["deviations"]
+    return check_deviations(yaml.safe_load(DEVIATIONS_FILE.read_text())["deviations"])
+
+
+def check_deviations(entries: list[dict]) -> tuple[dict, ...]:
+    """The entries, once each is valid: a unique id (an xfail reason names it), known checks, and a mended
+    deviation kept for stock targets only. Raises ValueError naming the entry."""
+    ids = [d["id"] for d in entries]
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    if repeated:
+        raise ValueError(f"{DEVIATIONS_FILE}: deviation ids {repeated} are used by more than one entry; "
+                         "give each entry its own id")
     for d in entries:
         unknown = set(d["checks"]) - CHECKS
         if unknown:

@@ -52,7 +52,7 @@ def test_bench_on_real_server_measures_decode_and_official_like(openai_server, t
 
 @pytest.mark.slow
 def test_ttft_and_tpot_agree_with_vllm_benchmark_client(openai_server, record_property):
-    """Each prompt goes through both clients in turn, one request at a time (harness/vllm_agreement.py says why).
+    """Each prompt goes through both clients in turn, one request at a time (tests/bench/vllm_agreement.py says why).
 
     Same definitions (our raw role-chunk / finish-chunk timestamps against vLLM's client): median pair
     difference within 10 ms for TTFT and 1 ms for TPOT; this measures the clients themselves.
@@ -68,7 +68,7 @@ def test_ttft_and_tpot_agree_with_vllm_benchmark_client(openai_server, record_pr
     instead of tokens fails the same-definition checks."""
     pytest.importorskip("vllm.benchmarks.lib.endpoint_request_func")
     from harness.placement import client_on
-    from harness.vllm_agreement import compare_with_vllm_bench
+    from tests.bench.vllm_agreement import compare_with_vllm_bench
 
     with client_on(openai_server.client_cpus):  # the core the server's layout leaves to clients
         a = compare_with_vllm_bench(openai_server.base_url, openai_server.model, requests=16, output_tokens=64)

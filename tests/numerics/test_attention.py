@@ -31,8 +31,8 @@ def test_attention_core_equals_reference(name, dtype, seed, prefix, tokens, kv_h
     q = randn(gen, 2, 4, tokens, 16, dtype=dtype)
     k = randn(gen, 2, kv_heads, prefix + tokens, 16, dtype=dtype)
     v = randn(gen, 2, kv_heads, prefix + tokens, 16, dtype=dtype)
-    ref = ATTENTION_CORES["reference"](q.double(), k.double(), v.double(), prefix, 0.25)
-    out = ATTENTION_CORES[name](q, k, v, prefix, 0.25)
+    ref = ATTENTION_CORES.reference.fn(q.double(), k.double(), v.double(), prefix, 0.25)
+    out = ATTENTION_CORES[name].fn(q, k, v, prefix, 0.25)
     assert out.dtype == dtype
     assert_close(out, ref, CORE_TOLERANCES[name][dtype], f"attention core {name} {dtype} P={prefix} T={tokens}")
 

@@ -38,7 +38,7 @@ def test_conv_path_equals_window_sum(name, dtype, seed, tokens, batch, kernel):
     tokens = min(tokens, CONV_PATHS[name].max_tokens or tokens)
     x, weight, state = conv_case(seed, batch, tokens, kernel, dtype)
     before = state.clone()
-    ref_y, ref_state = run_conv_path("reference", x.double(), weight.double(), state.double())
+    ref_y, ref_state = run_conv_path(CONV_PATHS.reference.name, x.double(), weight.double(), state.double())
     y, new_state = run_conv_path(name, x, weight, state)
     assert torch.equal(state, before), f"conv path {name} modified the incoming state"
     assert_close(y, ref_y, GDN_CONV_PATHS[name][dtype], f"conv {name} {dtype} T={tokens} output")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.gdn import GDNDims, run_conv_path, run_gdn_rule
+from model.gdn import CONV_PATHS, GDN_RULE_PATHS, GDNDims, run_conv_path, run_gdn_rule
 from tests.numerics.compare import assert_close, poisoned_like, relative_error
 from tests.numerics.gdn_attention_cases import generator, random_recurrent_state, randn, rule_inputs
 from tests.numerics.tolerances import gdn_rule_tolerance
@@ -70,7 +70,7 @@ def report(name: str, rows: list[dict]) -> None:
 
 
 def reference(q, k, v, g, beta, state):
-    return run_gdn_rule("recurrent_reference", q.double(), k.double(), v.double(), g.double(), beta.double(), state.double())
+    return run_gdn_rule(GDN_RULE_PATHS.reference.name, q.double(), k.double(), v.double(), g.double(), beta.double(), state.double())
 
 
 @pytest.mark.parametrize("dtype", [BF16, F32], ids=str)
@@ -146,7 +146,7 @@ def test_gpu_conv_update_and_prefill_per_rank_dims():
         weight = randn(gen, channels, kernel, dtype=BF16, scale=0.5).to(device)
         state = randn(gen, batch, channels, kernel - 1, dtype=BF16).to(device)
         y, new_state = run_conv_path(name, x, weight, state)
-        ref_y, ref_state = run_conv_path("reference", x.double(), weight.double(), state.double())
+        ref_y, ref_state = run_conv_path(CONV_PATHS.reference.name, x.double(), weight.double(), state.double())
         rows.append({
             "path": name,
             "batch": batch,

@@ -31,7 +31,7 @@ CUDA = torch.device("cuda")
 
 def _cases(prefill_only: bool = False):
     for name, path in sorted(GDN_RULE_PATHS.items()):
-        if name == "recurrent_reference" or (prefill_only and path.max_tokens == 1):
+        if path.is_reference or (prefill_only and path.max_tokens == 1):
             continue
         for dtype in (BF16, F32):
             why = path.unavailable_reason(CUDA, dtype) if torch.cuda.is_available() else "no CUDA device"
@@ -47,7 +47,7 @@ def _on_gpu(batch, tokens, dims, dtype, seed, with_state=True):
 
 
 def reference(q, k, v, g, beta, state):
-    return run_gdn_rule("recurrent_reference", q.double(), k.double(), v.double(), g.double(), beta.double(),
+    return run_gdn_rule(GDN_RULE_PATHS.reference.name, q.double(), k.double(), v.double(), g.double(), beta.double(),
                         None if state is None else state.double())
 
 
@@ -103,7 +103,7 @@ def test_decode_steps_equal_reference_and_every_prefill_path(name, dtype):
     assert_close(decoded, ref_out, bound, f"{steps} {name} steps {dtype}: output")
     assert_close(carried, ref_state, bound, f"{steps} {name} steps {dtype}: final state")
     for other, path in GDN_RULE_PATHS.items():
-        if other == "recurrent_reference" or not path.supports(steps, dtype, CUDA):
+        if path.is_reference or not path.supports(steps, dtype, CUDA):
             continue
         prefill, prefill_state = run_poisoned(other, q, k, v, g, beta, state)
         both = bound + gdn_rule_tolerance(other, dtype)  # each is within its bound of the reference

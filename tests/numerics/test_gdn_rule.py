@@ -25,14 +25,14 @@ AROUND_CHUNK = (CHUNK_SIZE - 1, CHUNK_SIZE, CHUNK_SIZE + 1, 2 * CHUNK_SIZE - 1, 
 
 def reference(q, k, v, g, beta, state):
     return run_gdn_rule(
-        "recurrent_reference", q.double(), k.double(), v.double(), g.double(), beta.double(),
+        GDN_RULE_PATHS.reference.name, q.double(), k.double(), v.double(), g.double(), beta.double(),
         None if state is None else state.double(),
     )
 
 
 def run_poisoned(name, q, k, v, g, beta, state):
     """Run a path into NaN-filled buffers, checking it leaves `state` untouched."""
-    out = poisoned_like(v.shape, v.dtype if name != "recurrent_reference" else F64, v.device)
+    out = poisoned_like(v.shape, GDN_RULE_PATHS[name].output_dtype(v.dtype), v.device)
     batch, _, heads, v_dim = v.shape
     final = poisoned_like((batch, heads, q.shape[3], v_dim), state_dtype(name, v.dtype), v.device)
     before = None if state is None else state.clone()

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, settings
 
 from model.moe import EXPERT_PATHS, ExpertPath
-from model.moe.experts import _group_by_expert, _silu_and_mul, experts_sorted
+from model.moe.experts import _group_by_expert, experts_sorted, silu_and_mul
 from model.moe.router import route_topk_softmax
 from tests.numerics import tolerances
 from tests.numerics.moe_cases import check_expert_path, make_router_logits, moe_cases
@@ -33,7 +33,7 @@ def experts_sorted_off_by_one(x, w13, w2, weights, ids, out):
         if count:
             slots = order[start + 1 : start + count + 1]
             tokens = slots // top_k
-            y = F.linear(_silu_and_mul(F.linear(x[tokens], w13[e])), w2[e])
+            y = F.linear(silu_and_mul(F.linear(x[tokens], w13[e])), w2[e])
             acc.index_add_(0, tokens, y.float() * weights.reshape(-1)[slots, None])
         start += count
     return out.copy_(acc)

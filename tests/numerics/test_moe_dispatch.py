@@ -20,9 +20,9 @@ TINY_PATH = {"tokenwise": "tiny_tokenwise", "bmm": "tiny_bmm"}
 
 
 def expected_path(tokens: int, config: MoEConfig) -> str:
-    """The dispatch rule, restated from the README's table."""
+    """The dispatch rule, restated from the docstring of model.moe.dispatch.select_expert_path."""
     if not config.native:
-        return "reference"
+        return EXPERT_PATHS.reference.name
     if tokens == 1 and config.decode_native:
         return "decode_fused"
     if tokens <= config.tiny_max:

@@ -42,7 +42,7 @@ def real_cases(tokens):
 
 
 def _paths_for(dtype):
-    return [n for n, p in sorted(EXPERT_PATHS.items()) if n != "reference" and p.supports(p.min_tokens, dtype, DEVICE)]
+    return [n for n, p in sorted(EXPERT_PATHS.items()) if not p.is_reference and p.supports(p.min_tokens, dtype, DEVICE)]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bfloat16", "float32"])

@@ -37,7 +37,7 @@ def test_every_norm_path_has_a_tolerance():
 @given(seed=SEEDS, rows=st.integers(1, 9), dim=st.sampled_from([8, 16, 64, 128]))
 def test_zero_centred_rms_norm_path_equals_reference(name, dtype, seed, rows, dim):
     x, w, _ = norm_case(seed, rows, dim, dtype)
-    ref = rms_norm_reference(x.double(), w.double(), EPS)
+    ref = RMS_NORM_PATHS.reference.fn(x.double(), w.double(), EPS)
     out = RMS_NORM_PATHS[name].fn(x, w, EPS)
     assert out.dtype == dtype
     assert_close(out, ref, NORM_PATHS[name][dtype], f"rms norm {name} {dtype}")
@@ -49,7 +49,7 @@ def test_zero_centred_rms_norm_path_equals_reference(name, dtype, seed, rows, di
 def test_gated_rms_norm_path_equals_reference(name, dtype, seed, rows, dim):
     x, w, z = norm_case(seed, rows, dim, dtype)
     w = (1.0 + w.double()).to(dtype)  # the gated norm's weight lives around 1
-    ref = gated_rms_norm_reference(x.double(), w.double(), EPS, z.double())
+    ref = GATED_NORM_PATHS.reference.fn(x.double(), w.double(), EPS, z.double())
     out = GATED_NORM_PATHS[name].fn(x, w, EPS, z)
     assert out.dtype == dtype
     assert_close(out, ref, NORM_PATHS[name][dtype], f"gated norm {name} {dtype}")

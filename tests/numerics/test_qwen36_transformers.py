@@ -7,10 +7,14 @@ expert path forced through the dispatcher, and our own cache hand-over (chunked 
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
+from model.dispatch_table import SCHEMA, TABLE_ENV
 from model.moe import EXPERT_PATHS, MoEConfig, select_expert_path
+from model.moe.config import PREFILL_IMPLS, TINY_IMPLS
 from model.qwen36 import Qwen36Config, Qwen36Model, Qwen36Paths, Qwen36Weights
 from tests.numerics.compare import assert_close, relative_error
 from tests.numerics.tiny_hf import LAYOUTS, save_tiny_checkpoint
@@ -20,10 +24,11 @@ PROMPT_TOKENS = 300  # crosses four 64-token chunks with a ragged tail
 NEW_TOKENS = 32
 SEED = 0
 
-# MoE config that forces each expert path for the token counts where it can run. decode_fused serves only
-# T == 1, so with it the prefill takes the default prefill path; every other path serves every call.
+# MoE config that forces each path the knobs can name, for the token counts where it can run. decode_fused
+# serves only T == 1, so with it the prefill takes the default prefill path; every other path serves every
+# call. A registered path no knob names is forced by a dispatch table instead (`forced_moe_config`).
 FORCED_MOE_PATHS = {
-    "reference": MoEConfig(native=False),
+    EXPERT_PATHS.reference.name: MoEConfig(native=False),
     "decode_fused": MoEConfig(decode_native=True, tiny_max=0, prefill_impl="sorted"),
     "tiny_bmm": MoEConfig(decode_native=False, tiny_impl="bmm", tiny_max=4096),
     "tiny_tokenwise": MoEConfig(decode_native=False, tiny_impl="tokenwise", tiny_max=4096),
@@ -48,8 +53,22 @@ def tiny(request, tmp_path_factory):
     return layout, hf, weights, prompt, hf_logits, hf_tokens[:, PROMPT_TOKENS:]
 
 
-def test_every_expert_path_is_forced_by_one_config():
-    assert set(FORCED_MOE_PATHS) == set(EXPERT_PATHS), "add the new expert path to FORCED_MOE_PATHS"
+def test_every_path_the_knobs_name_is_forced_by_its_knobs():
+    knob_paths = {EXPERT_PATHS.reference.name, "decode_fused", *TINY_IMPLS.values(), *PREFILL_IMPLS.values()}
+    assert set(FORCED_MOE_PATHS) == knob_paths, "add the path the new knob value names to FORCED_MOE_PATHS"
+
+
+def forced_moe_config(path: str, tmp_path, monkeypatch) -> MoEConfig:
+    """The knobs' config for `path`, or a float32 dispatch table naming it at every token count (the table
+    wins wherever the path can run the call; elsewhere the default knobs decide)."""
+    if path in FORCED_MOE_PATHS:
+        monkeypatch.setenv(TABLE_ENV, "off")  # the knobs alone, whatever table this machine has
+        return FORCED_MOE_PATHS[path]
+    table = {"schema": SCHEMA, "device": "cpu", "dtype": "float32", "recorded": {},
+             "blocks": {"moe_experts": {"keyed_by": "tokens", "ranges": [{"from": 1, "to": None, "path": path}]}}}
+    (tmp_path / "forced.json").write_text(json.dumps(table))
+    monkeypatch.setenv(TABLE_ENV, str(tmp_path / "forced.json"))  # tables are cached per setting: no stale one
+    return MoEConfig()
 
 
 def test_checkpoint_loads_in_its_own_layout(tiny):
@@ -79,16 +98,16 @@ def test_greedy_tokens_equal_transformers(tiny):
     assert ours.tolist() == hf_tokens.tolist(), f"{layout}: greedy tokens differ from transformers"
 
 
-@pytest.mark.parametrize("path", sorted(FORCED_MOE_PATHS))
-def test_every_moe_path_gives_the_transformers_greedy_tokens(tiny, path):
+@pytest.mark.parametrize("path", sorted(EXPERT_PATHS))
+def test_every_moe_path_gives_the_transformers_greedy_tokens(tiny, path, tmp_path, monkeypatch):
     layout, _, weights, prompt, _, hf_tokens = tiny
-    config = FORCED_MOE_PATHS[path]
     if not EXPERT_PATHS[path].supports(1, torch.float32, "cpu"):
         pytest.skip(f"{path} is not available for float32 on this CPU build")
+    config = forced_moe_config(path, tmp_path, monkeypatch)
     # The config really routes to the path: every decode step, and the prefill where the path can serve it.
-    assert select_expert_path(1, config) == path
+    assert select_expert_path(1, config, "cpu", torch.float32) == path
     if EXPERT_PATHS[path].supports(PROMPT_TOKENS, torch.float32, "cpu"):
-        assert select_expert_path(PROMPT_TOKENS, config) == path
+        assert select_expert_path(PROMPT_TOKENS, config, "cpu", torch.float32) == path
     ours = Qwen36Model(weights, Qwen36Paths(moe=config)).generate(prompt, NEW_TOKENS)
     assert ours.tolist() == hf_tokens.tolist(), f"{layout}: greedy tokens with MoE path {path} differ from transformers"
 

@@ -2,7 +2,7 @@
 
 Metric: relative error ||out - ref|| / ||ref|| (Frobenius) against a float64 reference computed from the
 same low-precision inputs, upcast. Bounds are set with margin over what the paths reach (measured with the
-`ci` profile, see the README); float32 paths sit far under 1e-5 and bf16 paths under 2e-2.
+`ci` profile, see docs/numerics.md); float32 paths sit far under 1e-5 and bf16 paths under 2e-2.
 Add a block's table here when you add the block; a registered path without an entry fails the suite.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ F64, F32, BF16, F16 = torch.float64, torch.float32, torch.bfloat16, torch.float1
 # Routed-expert paths (model.moe.EXPERT_PATHS), per dtype.
 MOE_EXPERT_PATHS: dict[str, dict[torch.dtype, float]] = {
     name: {F64: 1e-12, F32: 2e-6, BF16: 1.5e-2, F16: 2e-3}
-    for name in ("reference", "decode_fused", "tiny_bmm", "tiny_tokenwise", "sorted", "grouped_mm")
+    for name in ("reference", "decode_fused", "tiny_bmm", "tiny_tokenwise", "sorted", "grouped_mm", "dense_bmm")
 }
 # The Triton paths (no float64 kernels). triton_decode keeps its intermediate in float32; triton_grouped
 # rounds act and the per-expert outputs to the input dtype, as grouped_mm does, and its float32 GEMMs

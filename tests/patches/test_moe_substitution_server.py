@@ -11,7 +11,8 @@ within LOGPROB_TOL of each other and "on" picked the other one of the two; after
 nothing more is compared. The logprobs cannot be bitwise equal: vLLM's CPU kernel and model.moe accumulate the
 bf16 expert products in a different order, and the tiny random model's distributions are nearly flat, so
 near-ties happen. LOGPROB_TOL = 0.1 nats is about three bf16 ulps of a logit of magnitude 4-8 (ulp 0.031), far
-below what a wrong expert, a swapped gate/up half or a missing routing weight does. Measured figures: README.
+below what a wrong expert, a swapped gate/up half or a missing routing weight does. Measured figures:
+reports/patches-and-presubmit-2026-12-01.md.
 """
 from __future__ import annotations
 

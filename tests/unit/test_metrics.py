@@ -1,4 +1,4 @@
-"""The metric registry, the scoring file and the per-run arithmetic of shared/DESIGN.md."""
+"""The metric declarations, the scoring file and the per-run arithmetic (conventions: docs/design.md)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,11 +8,12 @@ from hypothesis import strategies as st
 
 from harness.client import RequestRecord
 from harness.errors import HarnessError
+from harness.gates.baseline import load_policy
 from harness.metrics import REGISTRY, Scoring, percentile, stall_kind, summarize, target_distance
 
 
-def test_weighted_throughput_reproduces_the_ledger_row():
-    # shared/seeds 001: 100K stable early baseline, output 5.789, input 178.330, cache 512.015 -> 883.11.
+def test_weighted_throughput_reproduces_the_platform_scoring_row():
+    # The platform's row for the 100K stable early baseline: output 5.789, input 178.330, cache 512.015 -> 883.11.
     assert round(Scoring.load().weighted(5.789, 178.330, 512.015), 2) == 883.11
 
 
@@ -134,3 +135,72 @@ def test_stalled_requests_leave_the_timing_percentiles_only_when_asked_and_are_a
     # Run-level metrics keep every successful request either way.
     assert kept["agg_output_tps"] == left_out["agg_output_tps"] and left_out["successes"] == 4
     assert any("left out of TTFT" in n for n in left_out["notes"])
+
+
+def test_itl_p99_pools_every_gap_between_output_events_over_successful_requests():
+    a = _stream(0, [0, 10, 30, 60])  # gaps 10, 20, 30 ms
+    b = _stream(1, [0, 5, 45])  # gaps 5, 40 ms
+    one_event = _stream(2, [0])  # no gap
+    failed = _stream(3, [0, 900])
+    failed.failure = "stream_error"
+    warm = _stream(4, [0, 700])
+    warm.tags["warmup"] = True
+    s = summarize([a, b, one_event, failed, warm], Scoring.load())
+    # Pooled gaps, sorted: 5, 10, 20, 30, 40 ms; P99 at rank 0.99 * 4 = 3.96: 30 + 0.96 * (40 - 30) = 39.6 ms.
+    assert s["itl_p99"] == pytest.approx(0.0396, abs=1e-9)
+    assert summarize([one_event], Scoring.load())["itl_p99"] is None
+
+
+def test_itl_mean_is_tpot_when_each_event_carries_one_token_and_below_it_when_events_carry_several():
+    steady = _stream(0, [0, 20, 40, 60, 80])  # 5 events, 5 tokens: 20 ms a token and an event
+    assert steady.tpot_s == pytest.approx(0.020)
+    assert sum(steady.output_gaps_s) / len(steady.output_gaps_s) == pytest.approx(steady.tpot_s)
+    steady.completion_tokens = 9  # the same events carrying two tokens each (after the first)
+    assert steady.tpot_s == pytest.approx(0.010)
+    assert summarize([steady], Scoring.load())["itl_p99"] == pytest.approx(0.020)
+
+
+def test_a_stall_leaves_itl_only_when_stalls_leave_the_timing_percentiles():
+    steady = _stream(0, [5 * k for k in range(20)])  # 19 gaps of 5 ms
+    stalled = _stream(1, [5 * k for k in range(10)] + [445, 445.02, 445.04, 445.06])  # 400 ms, then a burst
+    assert stall_kind(stalled) == "gap"
+    # Kept: 32 gaps, the largest 400 ms and the next 5 ms; P99 at rank 0.99 * 31 = 30.69.
+    kept = summarize([steady, stalled], Scoring.load())["itl_p99"]
+    assert kept == pytest.approx(0.005 + 0.69 * (0.400 - 0.005), abs=1e-6)
+    left_out = summarize([steady, stalled], Scoring.load(), exclude_stalled=True)["itl_p99"]
+    assert left_out == pytest.approx(0.005)
+
+
+def test_a_summary_keeps_the_keys_summary_json_has_always_had():
+    s = summarize([_stream(0, [0, 10, 20])], Scoring.load()).for_repeat(2)
+    assert set(s.to_json()) == {
+        "agg_output_tps", "bursty_requests", "cache_hit_rate", "cache_tps", "cached_tokens_missing", "duration_s",
+        "e2e_p50", "e2e_p90", "e2e_p99", "failures", "gap_over_100ms_requests", "notes", "output_tps_p10",
+        "output_tps_p50", "output_tps_p95", "output_tps_p99", "repeat", "requests", "stalled_excluded",
+        "stalled_requests", "success_rate", "successes", "tpot_p50", "tpot_p90", "tpot_p99", "ttft_p50", "ttft_p90",
+        "ttft_p95", "ttft_p99", "uncached_input_tps", "weighted_throughput",
+        "itl_p99",  # added with the metric
+    }
+    assert s["repeat"] == 2 and "interrupted" not in s.to_json()
+    assert s.for_repeat(2, interrupted=True)["interrupted"] is True
+    assert set(s.failures) == {"http_status", "stream_error", "timeout", "disconnect", "empty_output",
+                               "usage_missing"}
+
+
+def test_gated_and_target_metrics_come_from_the_declarations_and_the_files_must_match_them(tmp_path):
+    # The five platform metrics: gated, with a target each.
+    platform = {"output_tps_p10", "ttft_p90", "cache_hit_rate", "success_rate", "weighted_throughput"}
+    assert set(load_policy()) == set(Scoring.load().targets) == platform
+    weights = "weights: {output: 1, uncached_input: 1, cache: 1}\n"
+    undeclared = tmp_path / "undeclared.yaml"
+    undeclared.write_text(weights + "targets: {ttft_p50: {op: '<=', value: 1}}\n")
+    with pytest.raises(HarnessError, match=r"\['ttft_p50'\] are not declared for targets"):
+        Scoring.load(undeclared)
+    partial = tmp_path / "partial.yaml"
+    partial.write_text(weights + "targets: {ttft_p90: {op: '<=', value: 5}}\n")
+    with pytest.raises(HarnessError, match="no entry for .*'output_tps_p10'"):
+        Scoring.load(partial)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("gated: {itl_p99: {value: 0.1, scale: relative}}\n")
+    with pytest.raises(HarnessError, match=r"\['itl_p99'\] are not declared for gates"):
+        load_policy(policy)

