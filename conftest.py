@@ -60,7 +60,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--target-name",
         default=None,
         help="Name of the server under test for API-conformance snapshots "
-        "(tests/api_conformance/__snapshots__/<name>/). Default: tiny-cpu for the embedded server, "
+        "(tests/api_conformance/snapshots/<name>/). Default: tiny-cpu for the embedded server, "
         "else derived from --server-url.",
     )
     group.addoption(

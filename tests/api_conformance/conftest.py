@@ -20,7 +20,7 @@ def conformance_target(pytestconfig: pytest.Config) -> str:
 
 def _snapshot_in(request: pytest.FixtureRequest, subdir: str) -> SnapshotAssertion:
     # Built directly rather than from syrupy's `snapshot` fixture: that one registers a default extension
-    # whose discovery covers all of __snapshots__/ and, on --snapshot-update, deletes other targets' files.
+    # whose discovery covers a whole directory and, on --snapshot-update, deletes other targets' files.
     return SnapshotAssertion(
         update_snapshots=request.config.option.update_snapshots,
         update_new_snapshots_only=request.config.option.update_new_snapshots_only,
@@ -32,13 +32,13 @@ def _snapshot_in(request: pytest.FixtureRequest, subdir: str) -> SnapshotAsserti
 
 @pytest.fixture
 def target_snapshot(request: pytest.FixtureRequest, conformance_target: str) -> SnapshotAssertion:
-    """Snapshots of the server under test, in __snapshots__/<target>/."""
+    """Snapshots of the server under test, in snapshots/<target>/."""
     return _snapshot_in(request, conformance_target)
 
 
 @pytest.fixture
 def template_snapshot(request: pytest.FixtureRequest) -> SnapshotAssertion:
-    """Target-independent snapshots (the rendered chat template), in __snapshots__/_template/."""
+    """Target-independent snapshots (the rendered chat template), in snapshots/_template/."""
     return _snapshot_in(request, TEMPLATE_SNAPSHOTS)
 
 

@@ -10,6 +10,7 @@ from syrupy.extensions.amber import AmberSnapshotExtension
 EMBEDDED_TARGET = "tiny-cpu"
 # Target-independent snapshots (the rendered chat template). A target name cannot start with "_".
 TEMPLATE_SNAPSHOTS = "_template"
+SNAPSHOT_ROOT = "snapshots"  # beside the test files; see snapshot_extension
 
 
 def target_name(server_url: str | None, explicit: str | None) -> str:
@@ -27,16 +28,19 @@ def target_name(server_url: str | None, explicit: str | None) -> str:
 
 @lru_cache(maxsize=None)
 def snapshot_extension(target: str) -> type[AmberSnapshotExtension]:
-    """An amber extension writing to __snapshots__/<target>/ so each target keeps its own snapshot set.
+    """An amber extension writing to snapshots/<target>/ so each target keeps its own snapshot set.
 
-    Every snapshot of this suite lives one level down: syrupy's discovery walks its directory recursively
-    and deletes files it does not own on --snapshot-update, so nothing may discover __snapshots__/ itself,
-    or updating one target would delete the others' snapshots."""
+    The root is `snapshots/`, not syrupy's default `__snapshots__/`: syrupy's discovery walks a directory
+    recursively and deletes what it does not own on --snapshot-update. An xdist worker that runs no
+    snapshot test at all falls back to the default extension and discovers the default `__snapshots__/`
+    of every collected test file; when the targets lived there it found the other targets' files, called
+    them unused and failed the run (a fresh-clone `make test`, 2026-12-01: "48 snapshots unused", the
+    tiny-cpu-stock set). Under `snapshots/` no default discovery reaches them."""
 
     class TargetSnapshotExtension(AmberSnapshotExtension):
         @classmethod
         def dirname(cls, *, test_location) -> str:
-            return str(Path(test_location.filepath).parent / "__snapshots__" / target)
+            return str(Path(test_location.filepath).parent / SNAPSHOT_ROOT / target)
 
     TargetSnapshotExtension.__name__ = f"TargetSnapshotExtension[{target}]"
     return TargetSnapshotExtension
