@@ -73,9 +73,9 @@ GDN_CONV_PATHS: dict[str, dict[torch.dtype, float]] = {
 
 # The whole GDN layer (projections, conv, gating, rule, gated norm, out_proj) in float32 serving paths
 # against the all-reference layer in float64: the float32 projections add to the rule's error. Measured
-# (2026-12-01, CPU, 3874 random seeds at T in 2..140): median 3.0e-7, p99 1.4e-6, max 7.8e-6; hypothesis's
-# dev profile then found seed 9228 at T=2 with 1.15e-5 (chunked) and 1.0e-5 (two decode steps), opposite
-# in sign. The bound had been 1e-5, under that tail; a wrong gate, state or norm is off by >1e-2.
+# (2026-12-01, `tools/gdn_error_tail.py --seconds 60` on CPU: 3874 random seeds at T in 2..140): median
+# 3.0e-7, P99 1.4e-6, max 7.8e-6; hypothesis's dev profile then found seed 9228 at T=2 with 1.15e-5
+# (chunked) and 1.0e-5 (two decode steps), opposite in sign. The bound had been 1e-5, under that tail.
 GDN_LAYER: dict[torch.dtype, float] = {F32: 3e-5}
 
 # State hand-over: a split prefill / N decode steps against one pass of the same path family, same dtype.
