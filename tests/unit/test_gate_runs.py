@@ -28,12 +28,14 @@ def repeat(rng, tps=50.0, ttft=0.2, cv=0.03, success=1.0):
             "success_rate": success, "weighted_throughput": 40 * tps * noise(), "agg_output_tps": tps * noise()}
 
 
-def write_run(tmp_path, name, points, dataset=("decode-micro", "abc"), port=8000, model="tiny"):
-    """A run directory as `qwen36 bench` writes it: manifest.json and summary.json."""
+def write_run(tmp_path, name, points, dataset=("decode-micro", "abc"), port=8000, model="tiny", by_url=False):
+    """A run directory as `qwen36 bench` writes it: manifest.json and summary.json. `by_url`: as a client
+    that knew the server only by its URL writes it (no server command, no model files)."""
     run = tmp_path / name
     run.mkdir()
-    manifest = {"model": model, "model_files_sha256": "m1", "datasets": [{"name": dataset[0], "sha256": dataset[1]}],
-                "server": {"command": COMMAND.format(port=port)}}
+    manifest = {"model": model, "model_files_sha256": None if by_url else "m1",
+                "datasets": [{"name": dataset[0], "sha256": dataset[1]}],
+                "server": {"command": None if by_url else COMMAND.format(port=port)}}
     (run / "manifest.json").write_text(json.dumps(manifest))
     summary = {"points": {p: {"repeats": reps} for p, reps in points.items()}}
     (run / "summary.json").write_text(json.dumps(summary))
@@ -263,31 +265,20 @@ def test_missing_run_files_and_unknown_profiles_are_named(tmp_path):
         load_baseline("nope")
 
 
-def write_by_url_run(tmp_path, name, points, dataset=("decode-micro", "abc")):
-    """A run of a client that knew the server only by its URL: no server command, no model files."""
-    run = tmp_path / name
-    run.mkdir()
-    manifest = {"model": "tiny", "model_files_sha256": None, "datasets": [{"name": dataset[0], "sha256": dataset[1]}],
-                "server": {"command": None}}
-    (run / "manifest.json").write_text(json.dumps(manifest))
-    (run / "summary.json").write_text(json.dumps({"points": {p: {"repeats": r} for p, r in points.items()}}))
-    return load_run(run)
-
-
 def test_a_by_url_profile_of_embedded_runs_gates_by_url_candidates_and_still_refuses_another_dataset(tmp_path):
     rng = np.random.default_rng(3)
     embedded = write_run(tmp_path, "embedded", {"decode@c1": [repeat(rng) for _ in range(5)]})
     full = baseline_from_runs("p", [embedded], "gate", how="test")
     by_url = for_url_clients(full)
-    candidate = write_by_url_run(tmp_path, "cand", {"decode@c1": [repeat(rng) for _ in range(3)]})
+    candidate = make_run(tmp_path, "cand", {"decode@c1": [repeat(rng) for _ in range(3)]}, by_url=True)
     with pytest.raises(NotComparable, match="server_args"):  # the embedded recording knows what URL clients cannot
         gate(full, [candidate], SCORING)
     assert gate(by_url, [candidate], SCORING).passed
     assert by_url.identity["model_files_sha256"] is None and by_url.identity["server_args"] is None
     assert by_url.identity["datasets"] == full.identity["datasets"] and by_url.points == full.points
     assert "unseen_by_url" in by_url.recorded
-    other = write_by_url_run(tmp_path, "other", {"decode@c1": [repeat(rng) for _ in range(3)]},
-                             dataset=("decode-micro", "xyz"))
+    other = make_run(tmp_path, "other", {"decode@c1": [repeat(rng) for _ in range(3)]},
+                     dataset=("decode-micro", "xyz"), by_url=True)
     with pytest.raises(NotComparable, match="datasets"):
         gate(by_url, [other], SCORING)
 
