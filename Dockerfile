@@ -23,12 +23,7 @@ COPY patches/chat_template.jinja /workspace/chat_template.jinja
 COPY computility-run.yaml /workspace/computility-run.yaml
 
 # The run config's environment (presubmit checks they agree).
-ENV QWEN36_PATCH_MOE=1 \
-    QWEN36_PATCH_OBJECT_TOOL_ARGS=1 \
-    QWEN36_PATCH_STREAM_TOOL_MARKER=1 \
-    QWEN36_PATCH_TRUNCATED_TOOL_ARGS=1 \
-    QWEN36_PATCH_NONSTREAM_TRAILING_CONTENT=1 \
-    QWEN36_PATCH_OPENAI_ERRORS=1 \
+ENV QWEN36_PATCHES=all \
     MOE_NATIVE=1 \
     MOE_DECODE_NATIVE=1 \
     ENGINEX_MOE_TINY_IMPL=bmm \

@@ -2,8 +2,8 @@
 default declared there) and one line here: patches/settings.py reads the switches of this list."""
 from __future__ import annotations
 
-from . import (moe_experts, nonstream_trailing_content, object_tool_arguments, openai_errors, stream_tool_marker,
-               truncated_tool_arguments)
+from . import (moe_experts, nonstream_trailing_content, object_tool_arguments, openai_error_codes, openai_errors,
+               stream_tool_marker, truncated_tool_arguments)
 from .registry import Patch
 
 PATCHES: tuple[Patch, ...] = (
@@ -13,4 +13,5 @@ PATCHES: tuple[Patch, ...] = (
     truncated_tool_arguments.PATCH,  # deviation truncated-forced-tool-call-reports-empty-arguments
     nonstream_trailing_content.PATCH,  # deviation nonstream-drops-content-after-tool-call
     openai_errors.PATCH,  # error bodies in OpenAI's shape
+    openai_error_codes.PATCH,  # deviation error-code-is-the-http-status
 )

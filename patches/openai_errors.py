@@ -5,8 +5,8 @@ vLLM 0.32 names the error type after the HTTP phrase or its exception class ("Ba
 ("body.messages"; "body.60" for a JSON syntax error at byte 60). OpenAI says `invalid_request_error` for every
 4xx (404 for an unknown model included), `server_error` for 5xx, and `param` is the request field
 ("messages") or null when no field is at fault. Clients that branch on `error.type` or show `error.param`
-(the platform's basic tests do) need that shape. Message and the HTTP status stay vLLM's; `code` stays the
-status number vLLM sends (OpenAI sends a string code or null; no client we know reads it).
+(the platform's basic tests do) need that shape. Message and the HTTP status stay vLLM's; `error.code` is
+patches/openai_error_codes.py's.
 
 Seam (vLLM 0.32): `ErrorInfo` (entrypoints/serve/engine/protocol.py), the one model every error path builds
 (create_error_response, the validation and HTTP exception handlers, streaming errors): a `mode="before"`

@@ -7,9 +7,12 @@ model's schema when the route is created; vLLM creates the OpenAI routes after i
 `register()` time reaches the server. The added validators are pydantic's own machinery (a
 `Decorator` in `__pydantic_decorators__`), the same record a `@model_validator` in the class body makes.
 
+A model serializer (`AddedSerializer`) is added the same way: it changes what a model's dump says without
+changing its attributes, for a field vLLM reads itself (`ErrorInfo.code` is the response's HTTP status).
+
 `api_patch` builds an API-side patch's `PATCH` from its switch, its probe and its hooks (`WrappedMethod`,
-`AddedValidator`), which install and uninstall from the same declaration; a patch module then holds only
-its seam and its fix.
+`AddedValidator`, `AddedSerializer`), which install and uninstall from the same declaration; a patch module
+then holds only its seam and its fix.
 """
 from __future__ import annotations
 
@@ -21,8 +24,9 @@ from typing import Any, Callable
 from .registry import Patch
 
 __all__ = ["attribute_problem", "first_problem", "model_problem", "source_problem", "pydantic_problem", "resolve",
-           "add_model_validator", "remove_model_validator", "has_model_validator", "wrap_method", "unwrap_method", "is_wrapped",
-           "WrappedMethod", "AddedValidator", "api_patch"]
+           "add_model_validator", "remove_model_validator", "has_model_validator", "add_model_serializer",
+           "remove_model_serializer", "wrap_method", "unwrap_method", "is_wrapped",
+           "WrappedMethod", "AddedValidator", "AddedSerializer", "serializer_problem", "api_patch"]
 
 _WRAPPED = "__qwen36_original__"
 
@@ -116,6 +120,39 @@ def remove_model_validator(model: Any, name: str, rebuild: tuple = ()) -> None:
         m.model_rebuild(force=True)
 
 
+def add_model_serializer(model: Any, name: str, func: Callable, rebuild: tuple = ()) -> None:
+    """Add `func(self, handler, info)` as a `@model_serializer(mode="wrap")` of `model` and rebuild it (and
+    the models in `rebuild` that embed it). Idempotent. Refused when the model has a serializer already: a
+    pydantic model has one, and replacing vLLM's would change more than the patch means to."""
+    from pydantic._internal._decorators import Decorator, ModelSerializerDecoratorInfo
+    from pydantic_core import PydanticUndefined
+
+    serializers = model.__pydantic_decorators__.model_serializers
+    if name in serializers:
+        return
+    if serializers:
+        raise ValueError(f"{model.__name__} already has a model serializer ({', '.join(serializers)})")
+    setattr(model, name, func)
+    serializers[name] = Decorator.build(
+        model, cls_var_name=name, shim=None,
+        info=ModelSerializerDecoratorInfo(mode="wrap", return_type=PydanticUndefined, when_used="always"))
+    try:
+        for m in (model, *rebuild):
+            m.model_rebuild(force=True)
+    except Exception:
+        remove_model_serializer(model, name, rebuild)  # leave vLLM's model working, then report the failure
+        raise
+
+
+def remove_model_serializer(model: Any, name: str, rebuild: tuple = ()) -> None:
+    if model.__pydantic_decorators__.model_serializers.pop(name, None) is None:
+        return
+    if name in vars(model):
+        delattr(model, name)
+    for m in (model, *rebuild):
+        m.model_rebuild(force=True)
+
+
 def has_model_validator(model: Any, name: str) -> bool:
     return name in model.__pydantic_decorators__.model_validators
 
@@ -172,8 +209,42 @@ class AddedValidator:
         remove_model_validator(resolve(self.model), self.name, rebuild=tuple(map(resolve, self.rebuild)))
 
 
+@dataclass(frozen=True)
+class AddedSerializer:
+    """A wrap model serializer `name` on the pydantic model at `model`: `func(instance, dumped) -> dumped`
+    rewrites the dump (model_dump, model_dump_json, FastAPI's response) and leaves the attributes as they
+    are. `rebuild`: the models that embed it, rebuilt with it."""
+    model: str
+    name: str
+    func: Callable[[Any, dict], dict]
+    rebuild: tuple[str, ...] = ()
+
+    def install(self) -> None:
+        func = self.func
+
+        def serialize(self, handler, info):  # pydantic requires the name `self`
+            dumped = handler(self)
+            return func(self, dumped) if isinstance(dumped, dict) else dumped
+
+        add_model_serializer(resolve(self.model), self.name, serialize, rebuild=tuple(map(resolve, self.rebuild)))
+
+    def uninstall(self) -> None:
+        remove_model_serializer(resolve(self.model), self.name, rebuild=tuple(map(resolve, self.rebuild)))
+
+
+def serializer_problem(path: str, name: str) -> str | None:
+    """None when the model at `path` has no model serializer but (maybe) ours, so one can be added."""
+    if (problem := attribute_problem(path)) is not None:
+        return problem
+    model = resolve(path)
+    if (problem := pydantic_problem(model)) is not None:
+        return problem
+    others = [n for n in model.__pydantic_decorators__.model_serializers if n != name]
+    return f"{model.__name__} has its own model serializer ({', '.join(others)})" if others else None
+
+
 def api_patch(name: str, switch: str, seam: str, probe: Callable[[], str | None],
-              hooks: tuple[WrappedMethod | AddedValidator, ...], detail: str) -> Patch:
+              hooks: tuple[WrappedMethod | AddedValidator | AddedSerializer, ...], detail: str) -> Patch:
     """A required API-side patch, on exactly when `switch` is (default off): installing it installs `hooks`
     (each idempotent) and reports `detail`; uninstalling removes them."""
     def install(settings) -> str:

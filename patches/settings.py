@@ -4,8 +4,14 @@ Each patch declares its switch (an environment variable) and its default in its 
 the switch of every patch in patches/catalog.py, so a new patch needs no line here. A switch takes 1/0 (or
 true/false, yes/no, on/off: model/env.py, which also says why an empty value is refused); every default is
 0, so an unset environment leaves vLLM exactly as installed (a stock server). `qwen36 patches status` prints
-each patch with its switch; computility-run.yaml (the platform) and the embedded test server
-(harness.server.embedded_config, through `api_patch_switches`) turn them on.
+each patch with its switch.
+
+`QWEN36_PATCHES` turns patches on together: `all` (every patch of the catalog) or a comma-separated list of
+patch names. It changes only the default: a patch's own switch, when set, wins (`QWEN36_PATCHES=all` with
+`QWEN36_PATCH_OPENAI_ERRORS=0` is the set without that patch, for bisecting). computility-run.yaml and the
+Dockerfile set `all`, so a new patch of the catalog is on in the platform image without a line there, and
+presubmit checks every required one is. The embedded test server turns the API patches on by their
+switches (harness.server.embedded_config, through `api_patch_switches`).
 
 The MoE dispatcher's own knobs (MOE_NATIVE, ENGINEX_MOE_TINY_IMPL, ...) stay in model.moe.MoEConfig; with
 MOE_NATIVE=0 the substitution stays off and vLLM's fused MoE runs, as that config documents.
@@ -25,10 +31,12 @@ from model.moe import MoEConfig
 from . import catalog
 from .registry import Patch
 
-__all__ = ["TABLE_LOGGED_ENV", "PatchSettings", "PatchSettingsError", "api_patch_switches",
+__all__ = ["TABLE_LOGGED_ENV", "PATCH_SET_ENV", "PatchSettings", "PatchSettingsError", "api_patch_switches",
            "table_already_logged", "mark_table_logged"]
 
 TABLE_LOGGED_ENV = "QWEN36_PATCH_TABLE_LOGGED"
+PATCH_SET_ENV = "QWEN36_PATCHES"
+ALL_PATCHES = "all"
 
 
 class PatchSettingsError(ValueError):
@@ -54,8 +62,29 @@ class PatchSettings:
         process's environment)."""
         env = os.environ if environ is None else environ
         patches = catalog.PATCHES if patches is None else tuple(patches)
-        switches = {p.name: env_bool(env, p.switch, p.default, PatchSettingsError) for p in patches}
+        chosen = patch_set(env, patches)
+        switches = {p.name: env_bool(env, p.switch, p.name in chosen or p.default, PatchSettingsError)
+                    for p in patches}
         return cls(patches, switches, MoEConfig.from_env(env))
+
+
+def patch_set(environ: Mapping[str, str], patches: tuple[Patch, ...]) -> set[str]:
+    """The names `QWEN36_PATCHES` turns on (empty when it is unset): `all` (every one of `patches`), or a
+    comma-separated list of patch names. An empty value or a name that is no patch of `patches` or the catalog
+    is refused, naming the known ones."""
+    raw = environ.get(PATCH_SET_ENV)
+    if raw is None:
+        return set()
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    if [n.lower() for n in names] == [ALL_PATCHES]:
+        return {p.name for p in patches}
+    known = list(dict.fromkeys(p.name for p in (*patches, *catalog.PATCHES)))
+    unknown = [n for n in names if n not in known]
+    if not names or unknown:
+        what = f"names no patch {', '.join(map(repr, unknown))}" if unknown else "is empty"
+        raise PatchSettingsError(f"{PATCH_SET_ENV}={raw!r} {what}: set it to {ALL_PATCHES} or to a comma-separated "
+                                 f"list of {', '.join(known)} (or unset it and use each patch's own switch)")
+    return set(names)
 
 
 def api_patch_switches(patches: tuple[Patch, ...] | None = None) -> dict[str, str]:

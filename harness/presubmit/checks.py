@@ -15,7 +15,7 @@ from functools import cached_property
 from pathlib import Path
 
 from harness.errors import HarnessError
-from model.env import TRUE_VALUES, EnvValueError, env_bool, parse_bool
+from model.env import TRUE_VALUES, EnvValueError, parse_bool
 
 from . import names
 from .dockerfile import Dockerfile, parse_dockerfile
@@ -283,19 +283,23 @@ def check_run_config(ctx: Context) -> tuple[bool, str]:
 
 
 def patch_switch_problems(env: dict[str, str]) -> list[str]:
-    """What keeps a required patch of patches/catalog.py off in `env` (the run config's environment): the
-    expected switches come from the catalog, so a new patch is checked here without a line in this file."""
+    """What keeps a required patch of patches/catalog.py off in `env` (the run config's environment), read as
+    the plugin reads it (patches/settings.py: QWEN36_PATCHES, then each patch's own switch): a new patch is
+    checked here without a line in this file."""
     from patches.catalog import PATCHES
+    from patches.settings import PATCH_SET_ENV, PatchSettings
 
+    try:
+        settings = PatchSettings.from_env(env, PATCHES)
+    except ValueError as exc:  # a switch or an MoE knob the plugin would refuse; the message names it
+        return [f"{RUN_CONFIG_NAME}: {exc}"]
     problems = []
-    for patch in (p for p in PATCHES if p.required):
-        try:
-            on = env_bool(env, patch.switch, patch.default)
-        except EnvValueError as exc:
-            problems.append(f"{exc} (the switch of patch {patch.name})")
-            continue
-        if not on:
-            problems.append(f"{RUN_CONFIG_NAME} leaves required patch {patch.name} off: set {patch.switch}: \"1\"")
+    for patch in (p for p in PATCHES if p.required and not settings.is_on(p.name)):
+        if patch.switch in env:
+            fix = f"{patch.switch} is {env[patch.switch]!r}: unset it or set it to \"1\""
+        else:
+            fix = f"set {PATCH_SET_ENV}: all (or {patch.switch}: \"1\")"
+        problems.append(f"{RUN_CONFIG_NAME} leaves required patch {patch.name} off: {fix}")
     return problems
 
 

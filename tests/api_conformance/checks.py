@@ -46,6 +46,20 @@ def openai_error(case: RequestCase, ex: Exchange) -> list[str]:
     return problems
 
 
+def openai_error_code(case: RequestCase, ex: Exchange) -> list[str]:
+    """OpenAI's error.code: a string or null, never the HTTP status (clients branch on it, e.g. compact the
+    conversation on "context_length_exceeded"); exactly the case's `error_code` when it gives one."""
+    err = ex.body.get("error") if isinstance(ex.body, dict) else None
+    if not isinstance(err, dict) or "code" not in err:
+        return [f"HTTP {ex.status} body has no error.code: {ex.text[:200]!r}"]
+    code, problems = err["code"], []
+    if code is not None and not isinstance(code, str):
+        problems.append(f"error.code {code!r} is a {type(code).__name__}: OpenAI's is a string or null")
+    if "error_code" in case.expect and code != case.expect["error_code"]:
+        problems.append(f"error.code {code!r}, expected {case.expect['error_code']!r}")
+    return problems
+
+
 def names_param(param: object, field: str) -> bool:
     # vLLM reports request-validation errors at their FastAPI location ("body.max_tokens").
     return param == field or param == f"body.{field}"

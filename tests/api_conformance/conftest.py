@@ -8,7 +8,7 @@ from syrupy.location import PyTestLocation
 
 from tests.api_conformance.corpus import RequestCase
 from tests.api_conformance.targets import TEMPLATE_SNAPSHOTS, snapshot_extension, target_name
-from tests.api_conformance.transport import Exchange, send
+from tests.api_conformance.transport import Exchange, send, served_context_tokens
 
 _answers: dict[tuple[str, str], Exchange] = {}
 
@@ -49,8 +49,15 @@ def answer(openai_server):
     def get(case: RequestCase) -> Exchange:
         key = (openai_server.base_url, case.name)
         if key not in _answers:
-            _answers[key] = send(openai_server.base_url, case.endpoint, case.request_body(openai_server.model),
-                                 raw=case.raw, timeout_s=case.timeout_s)
+            context = None
+            if case.needs_context_length:
+                context = served_context_tokens(openai_server.base_url)
+                if context is None:
+                    pytest.skip(f"{case.name}: the server's /v1/models gives no max_model_len, so no prompt can be "
+                                "sized beyond its context")
+            _answers[key] = send(openai_server.base_url, case.endpoint,
+                                 case.request_body(openai_server.model, context), raw=case.raw,
+                                 timeout_s=case.timeout_s)
         return _answers[key]
 
     return get

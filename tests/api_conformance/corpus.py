@@ -17,9 +17,12 @@ DEFAULT_TIMEOUT_S = 120.0
 # The `expect` keys checks.semantics reads; the header of requests.yaml says what each asserts
 # (tests/unit/test_api_fixtures.py keeps the header, this declaration and checks.py in step). A key not
 # declared here is refused when the corpus loads: a misspelt expectation would otherwise assert nothing.
-EXPECT_KEYS = ("status", "error_param", "choices", "choices_or_4xx", "max_seconds", "tool_calls", "tool_name",
+EXPECT_KEYS = ("status", "error_param", "error_code", "choices", "choices_or_4xx", "max_seconds", "tool_calls", "tool_name",
                "finish_reason", "echo_prompt", "prompt_tokens")
 MATRIX_CHOICE_KEYS = ("tool_choice", "expect")
+# A message content written as this is sent as a prompt longer than the served context (its length read from
+# the server's /v1/models at send time), so the case is beyond any target's context, 8K or 245K.
+PROMPT_BEYOND_CONTEXT = "<a prompt beyond the served context>"
 
 
 @dataclass(frozen=True)
@@ -38,11 +41,28 @@ class RequestCase:
     def stream(self) -> bool:
         return bool(self.body and self.body.get("stream"))
 
-    def request_body(self, model: str) -> dict | None:
+    @property
+    def needs_context_length(self) -> bool:
+        messages = (self.body or {}).get("messages")
+        # A bad-input case may send `messages` that is not a list of objects.
+        return isinstance(messages, list) and any(isinstance(m, dict) and m.get("content") == PROMPT_BEYOND_CONTEXT
+                                                  for m in messages)
+
+    def request_body(self, model: str, context_tokens: int | None = None) -> dict | None:
+        """The body to send: the served model filled in and, for a case that needs one, a prompt beyond
+        `context_tokens` (the server's max_model_len)."""
         if self.body is None:
             return None
         body = copy.deepcopy(self.body)
         body.setdefault("model", model)
+        if self.needs_context_length:
+            if context_tokens is None:
+                raise ValueError(f"case {self.name} sends a prompt beyond the served context: give context_tokens")
+            # " hello" is at least one token in any tokenizer the suite meets; 64 more than fit is beyond.
+            beyond = "hello" + " hello" * (context_tokens + 64)
+            for m in body["messages"]:
+                if isinstance(m, dict) and m.get("content") == PROMPT_BEYOND_CONTEXT:
+                    m["content"] = beyond
         return body
 
 

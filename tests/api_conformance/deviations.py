@@ -10,7 +10,7 @@ import yaml
 from harness.paths import FIXTURES
 
 DEVIATIONS_FILE = FIXTURES / "api" / "deviations.yaml"
-CHECKS = {"semantics", "tool_arguments", "stream_text", "stream_usage", "same_prompt", "error_shape"}
+CHECKS = {"semantics", "tool_arguments", "stream_text", "stream_usage", "same_prompt", "error_shape", "error_code"}
 # A mended deviation is kept for stock targets only (the header of deviations.yaml says why).
 STOCK_TARGETS = "*-stock"
 

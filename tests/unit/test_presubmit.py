@@ -160,8 +160,9 @@ def test_a_check_that_raises_keeps_its_declared_name(tmp_path):
 
 
 def test_the_run_config_must_turn_on_every_required_patch_of_the_catalog(tmp_path):
-    """The expected switches come from patches/catalog.py: each required patch's switch off or unset in the
-    run config is a problem naming it (the Dockerfile's ENV must then agree: check_dockerfile)."""
+    """The expected switches come from patches/catalog.py: each required patch's switch off, or left to its
+    default without QWEN36_PATCHES naming it, is a problem naming it (the Dockerfile's ENV must then agree:
+    check_dockerfile)."""
     pytest.importorskip("torch", reason="the patch catalog imports the MoE patch, which needs torch")
     from harness.presubmit.checks import patch_switch_problems
     from harness.presubmit.runconfig import load_run_config
@@ -172,7 +173,8 @@ def test_the_run_config_must_turn_on_every_required_patch_of_the_catalog(tmp_pat
     for patch in (p for p in PATCHES if p.required):
         [problem] = patch_switch_problems({**env, patch.switch: "0"})
         assert patch.name in problem and patch.switch in problem
-        [problem] = patch_switch_problems({k: v for k, v in env.items() if k != patch.switch})
-        assert patch.name in problem  # unset: its default, off
+        others = ",".join(p.name for p in PATCHES if p is not patch)
+        [problem] = patch_switch_problems({**env, "QWEN36_PATCHES": others})
+        assert patch.name in problem and "QWEN36_PATCHES: all" in problem  # not in the set: its default, off
     [problem] = patch_switch_problems({**env, PATCHES[0].switch: ""})
     assert "is not a boolean" in problem and PATCHES[0].switch in problem
