@@ -42,6 +42,13 @@ def install(module) -> None:
     assert row.state is PatchState.APPLIED, row.detail
 
 
+def not_applicable_detail(module) -> str:
+    """The reason the patch's row gives for `not applicable`, switches all on (fails on any other state)."""
+    [row] = apply_patches(ALL_ON, (module.PATCH,))
+    assert row.state is PatchState.NOT_APPLICABLE, row
+    return row.detail
+
+
 # ---- object tool-call arguments ----
 
 def _history(arguments) -> dict:
@@ -218,14 +225,12 @@ def test_error_code_patch_refuses_a_model_that_has_its_own_serializer(monkeypatc
     from vllm.entrypoints.serve.engine.protocol import ErrorInfo
 
     monkeypatch.setitem(ErrorInfo.__pydantic_decorators__.model_serializers, "vllms_own", object())
-    [row] = apply_patches(ALL_ON, (openai_error_codes.PATCH,))
-    assert row.state is PatchState.NOT_APPLICABLE and "has its own model serializer (vllms_own)" in row.detail
+    assert "has its own model serializer (vllms_own)" in not_applicable_detail(openai_error_codes)
 
 
 def test_error_code_patch_is_not_applicable_when_vllm_stops_writing_the_context_message(monkeypatch):
     monkeypatch.setattr(openai_error_codes, "PROMPT_LENGTH_CHECKS", "vllm.renderers.params:ChatParams")
-    [row] = apply_patches(ALL_ON, (openai_error_codes.PATCH,))
-    assert row.state is PatchState.NOT_APPLICABLE and "no longer uses maximum context length" in row.detail
+    assert "no longer uses maximum context length" in not_applicable_detail(openai_error_codes)
 
 
 # ---- streamed forced tool call: the spelled-out <tool_call> marker ----
@@ -359,28 +364,24 @@ def test_each_api_patch_is_off_without_its_switch_and_leaves_vllm_untouched(modu
                          ids=lambda x: getattr(x, "__name__", x))
 def test_a_missing_seam_module_is_not_applicable_naming_it(monkeypatch, module, attr):
     monkeypatch.setattr(module, attr, "vllm.no_such_module:Thing")
-    [row] = apply_patches(ALL_ON, (module.PATCH,))
-    assert row.state is PatchState.NOT_APPLICABLE and "vllm.no_such_module" in row.detail
+    assert "vllm.no_such_module" in not_applicable_detail(module)
 
 
 def test_a_missing_seam_attribute_is_not_applicable_naming_it(monkeypatch):
     monkeypatch.setattr(truncated_tool_arguments, "HELPERS", ("_build_extracted_result", "_no_such_helper"))
-    [row] = apply_patches(ALL_ON, (truncated_tool_arguments.PATCH,))
-    assert row.state is PatchState.NOT_APPLICABLE and "_no_such_helper" in row.detail
+    assert "_no_such_helper" in not_applicable_detail(truncated_tool_arguments)
 
 
 def test_a_changed_streaming_signature_is_not_applicable(monkeypatch):
     from vllm.parser.engine.parser_engine import ParserEngine
 
     monkeypatch.setattr(ParserEngine, "extract_tool_calls_streaming", lambda self, delta_text, request: None)
-    [row] = apply_patches(ALL_ON, (stream_tool_marker.PATCH,))
-    assert row.state is PatchState.NOT_APPLICABLE and "differs" in row.detail
+    assert "differs" in not_applicable_detail(stream_tool_marker)
 
 
 def test_a_request_model_that_is_not_pydantic_is_not_applicable(monkeypatch):
     monkeypatch.setattr(object_tool_arguments, "REQUEST_MODEL", "vllm.renderers.chat_utils:_postprocess_messages")
-    [row] = apply_patches(ALL_ON, (object_tool_arguments.PATCH,))
-    assert row.state is PatchState.NOT_APPLICABLE and "not a pydantic model" in row.detail
+    assert "not a pydantic model" in not_applicable_detail(object_tool_arguments)
 
 
 def test_the_run_config_applies_every_required_patch_and_any_switch_off_is_missing():
