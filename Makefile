@@ -29,10 +29,12 @@ venv: $(VENV)/.installed
 # Tests that measure wall-clock time (client calibration, agreement with vLLM's client, perf gates) run
 # alone, after the parallel suite, so the other tests' load cannot skew them. Both runs share one embedded
 # server, started at once in the background and ended at the end (harness/suite_session.py).
+# Each run lists its slowest tests (DURATIONS), where CI's time goes.
+DURATIONS ?= 15
 test: venv
 	$(PY) -m harness.suite_session \
-		-- $(PY) -m pytest -n auto --hypothesis-profile=$(HYPOTHESIS_PROFILE) -m "not timing" $(PYTEST_ARGS) \
-		-- $(PY) -m pytest --hypothesis-profile=$(HYPOTHESIS_PROFILE) -m timing $(PYTEST_ARGS)
+		-- $(PY) -m pytest -n auto --hypothesis-profile=$(HYPOTHESIS_PROFILE) -m "not timing" --durations=$(DURATIONS) $(PYTEST_ARGS) \
+		-- $(PY) -m pytest --hypothesis-profile=$(HYPOTHESIS_PROFILE) -m timing --durations=$(DURATIONS) $(PYTEST_ARGS)
 
 # Only the CPU numerics: the quick loop on a laptop.
 test-numerics: venv

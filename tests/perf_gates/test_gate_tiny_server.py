@@ -9,29 +9,38 @@ nothing between it and the client:
 | test | what the server does differently | measured | gated metric that must be flagged |
 |---|---|---|---|
 | control | nothing (the session's server) | both points | none |
+| live path by URL | a by-URL profile of the control's runs; the session's server, then the no-cache server | both points | cache_hit_rate (exit 1) |
+| prefix caching off | `--no-enable-prefix-caching`: every prompt prefilled in full | both points, by URL | cache_hit_rate, ttft_p90 |
 | slower decode | `--enforce-eager`: no torch.compile, every step op by op | decode-micro | output_tps_p10, weighted_throughput |
 | slower prefill | `--max-num-batched-tokens 16`: a prompt's uncached tokens prefill 16 a step | official-like | ttft_p90 |
-| prefix caching off | `--no-enable-prefix-caching`: every prompt prefilled in full | official-like | cache_hit_rate, ttft_p90 |
-| live path by URL | a by-URL profile of the control's runs; the session's server, then the slower-prefill server | both points | ttft_p90 (exit 1) |
 
 The regressed servers are declared in harness.gates.regressions; under `make test` they start during the
 parallel run (harness.suite_session), so this module measures instead of waiting. The measured change of
 each is printed beside its verdict (`-s`); docs/perf-gates.md has the table of measured changes. The live
 path (`test_gate_live.py`, marker `live`) is proven as a user on another machine runs it: a nested pytest
-that knows the server only by its URL.
+that knows the server only by its URL. The no-cache server is measured once, by that nested pytest, and its
+run is gated twice: against the by-URL profile (the live path's failing side) and against the committed
+baseline (a full-prefill run is ~100 s of CI, too dear to pay twice). The tests run in this file's order: the
+live path's passing side comes right after the control, so its profile and its candidate are minutes apart.
 """
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from harness.gates.baseline import load_baseline, save_baseline
 from harness.gates.gate import GateReport, gate, load_run, report_markdown, write_report
-from harness.gates.record import WARM_REPEATS, baseline_from_runs, for_url_clients
+from harness.gates.record import (
+    UNSEEN_BY_URL,
+    WARM_REPEATS,
+    baseline_from_runs,
+    for_url_clients,
+)
 from harness.gates.regressions import acquire_regressed
 from harness.metrics import Scoring
 from harness.paths import REPO_ROOT
@@ -64,9 +73,10 @@ def measure_candidate(server: ServerInfo, root: Path, label: str, repeats: int =
     return measure(server, root, label, repeats=repeats, datasets=datasets)
 
 
-def gate_report(run: Path, accept: tuple[str, ...] = ()) -> GateReport:
+def gate_report(run: Path, accept: tuple[str, ...] = (), report_dir: Path | None = None) -> GateReport:
+    """`run` gated against the committed baseline; the report lands in `report_dir` (default: the run)."""
     report = gate(load_baseline(PROFILE), [load_run(run)], SCORING, accept=accept)
-    write_report(report, run)
+    write_report(report, report_dir or run)
     print(report_markdown(report))
     return report
 
@@ -100,6 +110,89 @@ def regressed_servers(openai_server) -> dict[str, ServerInfo]:
     return acquire_regressed(Path(state_dir), openai_server.model_dir)
 
 
+# The by-URL profile's floor: one server's decode-micro Output TPS P10 went 111 -> 77 -> 102 tok/s within three
+# minutes (recording, live gate, a bench run after it; 2026-12-01), a swing its own 3 repeats cannot show.
+BY_URL_FLOOR = 0.4
+BY_URL_PROFILE = "tiny-by-url"
+# The live path's failing side is the server without prefix caching, one repeat: its official-like hit rate
+# falls from 94% to 0%, which no drift of this machine can hide. The 16-token server was used until run S
+# (2026-12-01) and missed three times in six runs (P, Q, S): its TTFT change (+31% to +128%) sits near the
+# by-URL 40% floor, and a profile from a slow window (S: half-speed control runs) hid it.
+NO_CACHE_REPEATS = 1
+
+
+@dataclass(frozen=True)
+class LiveGateRun:
+    """A nested live-gate pytest: how it ended, and the run directory its bench wrote."""
+    process: subprocess.CompletedProcess
+    run: Path
+
+
+def live_gate(url: str, baselines: Path, out: Path, repeats: int, tokenizer: Path) -> LiveGateRun:
+    """tests/perf_gates/test_gate_live.py in its own pytest against the by-URL profile, knowing the server
+    only by its URL (and the model's tokenizer, as a user who has the model's files gives it)."""
+    cmd = [sys.executable, "-m", "pytest", str(REPO_ROOT / "tests/perf_gates/test_gate_live.py"), "-p",
+           "no:cacheprovider", "-q", "-s", "--server-url", url, "--baseline-profile", BY_URL_PROFILE,
+           "--baselines-dir", str(baselines), "--gate-repeats", str(repeats), "--tokenizer", str(tokenizer),
+           f"--basetemp={out}"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    done = subprocess.run(cmd, check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    print(done.stdout[-3000:])
+    runs = sorted(out.glob(f"live*/*-gate-{BY_URL_PROFILE}"))
+    assert len(runs) == 1, f"the nested pytest wrote {len(runs)} runs under {out}:\n" + done.stdout[-3000:] + done.stderr[-2000:]
+    return LiveGateRun(done, runs[0])
+
+
+@pytest.fixture(scope="module")
+def by_url_baselines(control_run, tmp_path_factory) -> Path:
+    """A baselines directory holding the by-URL profile: the control's runs (measured against the session's
+    server just before), as `qwen36 baseline record --base-url URL --tokenizer MODEL_DIR` would write them,
+    with the identity fields a by-URL client cannot see left unknown (harness.gates.record.for_url_clients).
+    With the tokenizer, the by-URL client builds the control's very prompts (the same dataset hash), so this
+    recording costs no measuring of its own and the control's warm-up repeats warmed the server for it."""
+    baselines = tmp_path_factory.mktemp("by-url-baselines")
+    save_baseline(for_url_clients(baseline_from_runs(
+        BY_URL_PROFILE, [control_run], "gate", how="the control's runs (tests/perf_gates/test_gate_tiny_server.py)",
+        tolerance_floor=BY_URL_FLOOR, candidate_repeats=CI_REPEATS)), baselines)
+    return baselines
+
+
+def test_live_gate_by_url_passes_on_its_own_profile(openai_server, by_url_baselines, tmp_path):
+    """The live path as a user runs it: the live gate by URL, from a pytest that never started a server,
+    against a profile recorded on the same server: every gated metric's test passes."""
+    with client_on(openai_server.client_cpus):  # the nested pytest inherits this process's cores
+        same = live_gate(openai_server.base_url, by_url_baselines, tmp_path / "same", CI_REPEATS,
+                         Path(openai_server.model_dir))
+    assert same.process.returncode == 0, same.process.stdout[-5000:] + same.process.stderr[-2000:]
+    assert "5 passed" in same.process.stdout, same.process.stdout[-3000:]
+
+
+@pytest.fixture(scope="module")
+def no_cache_by_url(openai_server, regressed_servers, by_url_baselines, tmp_path_factory) -> LiveGateRun:
+    """The server without prefix caching, measured once by the nested live gate."""
+    with client_on(openai_server.client_cpus):
+        return live_gate(regressed_servers["no-cache"].base_url, by_url_baselines,
+                         tmp_path_factory.mktemp("no-cache-by-url"), NO_CACHE_REPEATS, Path(openai_server.model_dir))
+
+
+def test_live_gate_by_url_fails_without_prefix_caching(no_cache_by_url):
+    """The same live gate against the server without prefix caching: exit 1, the cache hit rate test failing."""
+    process = no_cache_by_url.process
+    assert process.returncode == 1, process.stdout[-5000:] + process.stderr[-2000:]
+    # -q names only failures in its summary: the cache hit rate test must be one.
+    failed = "FAILED tests/perf_gates/test_gate_live.py::test_live_server_does_not_regress[cache_hit_rate]"
+    assert failed in process.stdout, process.stdout[-3000:]
+
+
+def test_prefix_caching_off_is_caught_on_cache_hit_rate_and_ttft(no_cache_by_url, tmp_path):
+    # The live gate's run of the no-cache server, gated against the committed baseline: one repeat of the gate
+    # preset with no warm-up (there is no cache to warm). Full prefills make official-like's TTFT about 14x, so
+    # the gate takes the noise from the baseline's repeats, and a 94-point drop in hit rate stands far beyond it.
+    # Measured by URL, it leaves unknown what such a client cannot see, which the report lists as accepted.
+    report = gate_report(no_cache_by_url.run, accept=UNSEEN_BY_URL, report_dir=tmp_path)
+    assert ("official-like@c1", "cache_hit_rate") in flagged(report), report_markdown(report)
+    assert ("official-like@c1", "ttft_p90") in flagged(report), report_markdown(report)
+
 def test_slower_decode_is_caught_on_output_tps_and_weighted_throughput(regressed_servers, tmp_path):
     # decode-micro alone: its 64-token answers are the decode measure, and its prompts are shorter than one
     # KV block, so no prefix cache state needs warming (one warm-up repeat for the server's first requests).
@@ -108,16 +201,6 @@ def test_slower_decode_is_caught_on_output_tps_and_weighted_throughput(regressed
     report = gate_report(run, accept=("server_args",))
     assert {("decode-micro@c2", "output_tps_p10"), ("decode-micro@c2", "weighted_throughput")} <= flagged(report), \
         report_markdown(report)
-
-
-def test_prefix_caching_off_is_caught_on_cache_hit_rate_and_ttft(regressed_servers, tmp_path):
-    # Full prefills make TTFT about 14x, so this candidate is one repeat of official-like (decode-micro's
-    # prompts never reach the cache) with no warm-up (there is no cache to warm): the gate then takes the
-    # noise from the baseline's repeats, and a 94-point drop in hit rate stands far beyond it.
-    run = measure(regressed_servers["no-cache"], tmp_path, "no-prefix-cache", datasets=("official-like",))
-    report = gate_report(run, accept=("server_args",))
-    assert ("official-like@c1", "cache_hit_rate") in flagged(report), report_markdown(report)
-    assert ("official-like@c1", "ttft_p90") in flagged(report), report_markdown(report)
 
 
 def test_slower_prefill_is_caught_on_ttft(regressed_servers, tmp_path):
@@ -132,53 +215,3 @@ def test_slower_prefill_is_caught_on_ttft(regressed_servers, tmp_path):
     report = gate_report(run, accept=("server_args",))
     assert ("official-like@c1", "ttft_p90") in flagged(report), report_markdown(report)
 
-
-def _live_gate(url: str, profile: str, baselines: Path, out: Path, repeats: int,
-               tokenizer: Path) -> subprocess.CompletedProcess:
-    """tests/perf_gates/test_gate_live.py in its own pytest, knowing the server only by its URL (and the model's
-    tokenizer, as a user who has the model's files gives it)."""
-    cmd = [sys.executable, "-m", "pytest", str(REPO_ROOT / "tests/perf_gates/test_gate_live.py"), "-p",
-           "no:cacheprovider", "-q", "-s", "--server-url", url, "--baseline-profile", profile,
-           "--baselines-dir", str(baselines), "--gate-repeats", str(repeats), "--tokenizer", str(tokenizer),
-           f"--basetemp={out}"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    return subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
-
-
-# The by-URL profile's floor: one server's decode-micro Output TPS P10 went 111 -> 77 -> 102 tok/s within three
-# minutes (recording, live gate, a bench run after it; 2026-12-01), a swing its own 3 repeats cannot show.
-BY_URL_FLOOR = 0.4
-# The live path's failing side is the server without prefix caching, one repeat: its official-like hit rate
-# falls from 94% to 0%, which no drift of this machine can hide. The 16-token server was used until run S
-# (2026-12-01) and missed three times in six runs (P, Q, S): its TTFT change (+31% to +128%) sits near the
-# by-URL 40% floor, and a profile from a slow window (S: half-speed control runs) hid it.
-
-
-def test_live_gate_by_url_passes_on_its_own_profile_and_fails_without_prefix_caching(
-        openai_server, control_run, regressed_servers, tmp_path):
-    """The live path as a user runs it: a profile recorded against the session's server, then the live gate
-    by URL from a pytest that never started a server: it passes on that server, and fails (exit 1, the cache
-    hit rate test failing) on the server without prefix caching.
-
-    The profile is the control's runs (measured against this server a few minutes before), as `qwen36
-    baseline record --base-url URL --tokenizer MODEL_DIR` would write it: the identity fields a by-URL client
-    cannot see are unknown (harness.gates.record.for_url_clients). With the tokenizer, the by-URL client
-    builds the control's very prompts (the same dataset hash), so this recording costs no measuring of its
-    own and the control's warm-up repeats warmed the server for it."""
-    baselines = tmp_path / "baselines"
-    profile = for_url_clients(baseline_from_runs(
-        "tiny-by-url", [control_run], "gate", how="the control's runs (tests/perf_gates/test_gate_tiny_server.py)",
-        tolerance_floor=BY_URL_FLOOR, candidate_repeats=CI_REPEATS))
-    save_baseline(profile, baselines)
-    tokenizer = Path(openai_server.model_dir)
-    with client_on(openai_server.client_cpus):  # the nested pytest inherits this process's cores
-        same = _live_gate(openai_server.base_url, "tiny-by-url", baselines, tmp_path / "same", CI_REPEATS, tokenizer)
-        regressed = _live_gate(regressed_servers["no-cache"].base_url, "tiny-by-url", baselines,
-                               tmp_path / "regressed", 1, tokenizer)
-    print(same.stdout[-3000:], regressed.stdout[-3000:], sep="\n")
-    assert same.returncode == 0, same.stdout[-5000:] + same.stderr[-2000:]
-    assert "5 passed" in same.stdout, same.stdout[-3000:]
-    assert regressed.returncode == 1, regressed.stdout[-5000:] + regressed.stderr[-2000:]
-    # -q names only failures in its summary: the cache hit rate test must be one.
-    failed = "FAILED tests/perf_gates/test_gate_live.py::test_live_server_does_not_regress[cache_hit_rate]"
-    assert failed in regressed.stdout, regressed.stdout[-3000:]
