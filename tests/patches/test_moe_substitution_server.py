@@ -16,6 +16,7 @@ reports/patches-and-presubmit-2026-12-01.md.
 """
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import httpx
 import pytest
 
 from harness.server import ManagedServer, ServerConfig
+from patches.registry import PatchState, PatchStatus, format_table
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -85,6 +87,21 @@ def test_compare_flags_a_changed_token_and_a_logprob_beyond_tolerance():
     assert "step 1 logprob" in compare(drift, base)[0][0]
 
 
+def moe_state_in_log(log: str) -> str | None:
+    """The moe_experts row's state in the plugin's status table (patches.registry.format_table) in a server's
+    log; None if the log has no such row. The table pads names to the longest patch's, so match any spacing."""
+    states = "|".join(re.escape(s.value) for s in PatchState)
+    m = re.search(rf"\bmoe_experts\s+({states})\s", log)
+    return m.group(1) if m else None
+
+
+def test_moe_state_is_read_from_the_status_table_whatever_its_padding():
+    table = format_table([PatchStatus("moe_experts", PatchState.OFF, True, "seam", "QWEN36_PATCH_MOE is not 1"),
+                          PatchStatus("a_much_longer_patch_name", PatchState.APPLIED, False, "seam", "")])
+    assert moe_state_in_log(f"INFO 12-01 [plugin.py:34] {table}\n") == "off"
+    assert moe_state_in_log("no table here") is None
+
+
 def _without_port(command: str) -> list[str]:
     parts = shlex.split(command)
     i = parts.index("--port")
@@ -95,8 +112,10 @@ def test_moe_substitution_on_gives_the_same_greedy_outputs_as_off(openai_server,
     if openai_server.pid is None:
         pytest.skip("needs the embedded server (its start command and log); --server-url gives neither")
     off_log = Path(openai_server.log_path).read_text(errors="replace")
-    if "moe_experts  off" not in off_log:
-        pytest.skip("the session server does not have the MoE substitution off (is QWEN36_PATCH_MOE set?)")
+    off_state = moe_state_in_log(off_log)
+    assert off_state is not None, f"no moe_experts row in the session server's log {openai_server.log_path}"
+    if off_state != PatchState.OFF.value:
+        pytest.skip(f"the session server's MoE substitution is {off_state}, not off (is QWEN36_PATCH_MOE set?)")
     off = greedy(openai_server.base_url, openai_server.model)
 
     template = shlex.split(openai_server.command)[shlex.split(openai_server.command).index("--chat-template") + 1]
@@ -106,7 +125,7 @@ def test_moe_substitution_on_gives_the_same_greedy_outputs_as_off(openai_server,
         assert _without_port(server.command_line) == _without_port(openai_server.command)
         on = greedy(server.base_url, cfg.served_model_name)
     on_log = (tmp_path / "server-moe-on.log").read_text(errors="replace")
-    assert "moe_experts  applied" in on_log
+    assert moe_state_in_log(on_log) == PatchState.APPLIED.value
     assert "first call on path 'decode_fused'" in on_log  # the substitution really served the decode steps
     assert "first call on path 'sorted'" in on_log
 

@@ -238,8 +238,11 @@ def test_wrapper_keeps_the_seam_signature():
 
 
 @pytest.mark.slow
-def test_verify_exits_nonzero_unless_the_required_patch_applies(tmp_path):
-    """The image's RUN step: vLLM's own plugin loader, a fresh interpreter, outside the checkout."""
+def test_verify_exits_nonzero_when_a_required_patch_is_off(tmp_path):
+    """The image's RUN step: vLLM's own plugin loader, a fresh interpreter, outside the checkout. Every switch
+    on but the MoE one: exit 1, naming only that patch. The other side (the run config's environment: exit 0,
+    every patch applied) is tests/unit/test_presubmit.py::test_plugin_status_is_go_for_this_repository, the
+    same fresh interpreter through presubmit; one `patches.verify` is ~16 s of CPU (idle machine), so not twice."""
     switches = tuple(p.switch for p in PATCHES)
     base = {k: v for k, v in os.environ.items() if k not in (*switches, TABLE_LOGGED_ENV)}
     all_on = {**base, **{var: "1" for var in switches}}
@@ -248,8 +251,4 @@ def test_verify_exits_nonzero_unless_the_required_patch_applies(tmp_path):
     assert off.returncode == 1, off.stderr
     assert "required patch moe_experts is off" in off.stderr
     assert "object_tool_arguments is off" not in off.stderr  # only the switch that is off is named
-    on = subprocess.run([sys.executable, "-m", "patches.verify"], cwd=tmp_path, env=all_on,
-                        capture_output=True, text=True, timeout=600)
-    assert on.returncode == 0, on.stderr
-    for name in (p.name for p in PATCHES):
-        assert re.search(rf"^{name}\s+applied", on.stdout, re.M), on.stdout
+    assert re.search(r"^object_tool_arguments\s+applied", off.stdout, re.M), off.stdout  # the table, on stdout

@@ -138,7 +138,7 @@ def live_gate(url: str, baselines: Path, out: Path, repeats: int, tokenizer: Pat
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     done = subprocess.run(cmd, check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
     print(done.stdout[-3000:])
-    runs = sorted(out.glob(f"live*/*-gate-{BY_URL_PROFILE}"))
+    runs = sorted({run.resolve() for run in out.glob(f"live*/*-gate-{BY_URL_PROFILE}")})  # livecurrent: a link
     assert len(runs) == 1, f"the nested pytest wrote {len(runs)} runs under {out}:\n" + done.stdout[-3000:] + done.stderr[-2000:]
     return LiveGateRun(done, runs[0])
 
