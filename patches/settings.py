@@ -32,7 +32,7 @@ from . import catalog
 from .registry import Patch
 
 __all__ = ["TABLE_LOGGED_ENV", "PATCH_SET_ENV", "PatchSettings", "PatchSettingsError", "api_patch_switches",
-           "table_already_logged", "mark_table_logged"]
+           "table_already_logged", "mark_table_logged", "clear_table_logged"]
 
 TABLE_LOGGED_ENV = "QWEN36_PATCH_TABLE_LOGGED"
 PATCH_SET_ENV = "QWEN36_PATCHES"
@@ -99,3 +99,7 @@ def table_already_logged(environ: Mapping[str, str] | None = None) -> bool:
 
 def mark_table_logged() -> None:
     os.environ[TABLE_LOGGED_ENV] = "1"  # inherited by the engine processes vLLM starts after this
+
+
+def clear_table_logged() -> None:
+    os.environ.pop(TABLE_LOGGED_ENV, None)

@@ -9,7 +9,9 @@ import pytest
 from harness.bench import BenchConfig, Workload, run_bench
 from harness.client import ClientConfig, make_http_client, stream_request
 
-pytestmark = [pytest.mark.server, pytest.mark.timing]  # timing: runs alone, after the parallel suite
+# Only the agreement test is `timing` (it runs alone, after the parallel suite): the other two assert what was
+# streamed and written, which the parallel run's load cannot change.
+pytestmark = [pytest.mark.server]
 
 
 def test_real_server_streams_output_and_reports_usage_with_cached_tokens(openai_server):
@@ -51,6 +53,7 @@ def test_bench_on_real_server_measures_decode_and_official_like(openai_server, t
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_ttft_and_tpot_agree_with_vllm_benchmark_client(openai_server, record_property):
     """Each prompt goes through both clients in turn, one request at a time (tests/bench/vllm_agreement.py says why).
 

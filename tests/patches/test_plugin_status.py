@@ -147,7 +147,8 @@ def test_the_default_rule_reads_as_the_dispatcher_documents_it():
 def test_plugin_logs_the_table_once_per_process_tree(monkeypatch, caplog):
     from patches import plugin
 
-    monkeypatch.delenv(TABLE_LOGGED_ENV, raising=False)
+    monkeypatch.setenv(TABLE_LOGGED_ENV, "0")  # recorded, so this test's marker is undone after it
+    monkeypatch.delenv(TABLE_LOGGED_ENV)
     monkeypatch.setenv(MOE_ENV, "0")
     caplog.set_level(logging.INFO, logger="vllm.qwen36.patches")
     plugin.register()
@@ -156,6 +157,18 @@ def test_plugin_logs_the_table_once_per_process_tree(monkeypatch, caplog):
     assert len(tables) == 1
     assert os.environ[TABLE_LOGGED_ENV] == "1"
     assert any("moe_experts" in r.getMessage() and "off" in r.getMessage() for r in caplog.records)
+
+
+def test_a_process_that_cannot_log_yet_clears_an_inherited_marker(monkeypatch):
+    """A server's first process (its logging not live yet) started by a process that had logged the table:
+    the marker is dropped, so the server's engine core logs the server's own table."""
+    from patches import plugin
+
+    monkeypatch.setenv(TABLE_LOGGED_ENV, "1")
+    monkeypatch.setenv(MOE_ENV, "0")
+    monkeypatch.setattr(plugin._log, "hasHandlers", lambda: False)
+    plugin.register()
+    assert TABLE_LOGGED_ENV not in os.environ
 
 
 # --- the wrapper's arithmetic on a layer-like object: HF layout in, vLLM's routing, shared expert order ---

@@ -9,60 +9,45 @@ nothing between it and the client:
 | test | what the server does differently | measured | gated metric that must be flagged |
 |---|---|---|---|
 | control | nothing (the session's server) | both points | none |
-| live path by URL | a by-URL profile of the control's runs; the session's server, then the no-cache server | both points | cache_hit_rate (exit 1) |
-| prefix caching off | `--no-enable-prefix-caching`: every prompt prefilled in full | both points, by URL | cache_hit_rate, ttft_p90 |
+| live path by URL | a by-URL profile of the control's runs; the session's server | both points | none (exit 0) |
 | slower decode | `--enforce-eager`: no torch.compile, every step op by op | decode-micro | output_tps_p10, weighted_throughput |
 | slower prefill | `--max-num-batched-tokens 16`: a prompt's uncached tokens prefill 16 a step | official-like | ttft_p90 |
+
+Prefix caching off (`--no-enable-prefix-caching`, cache_hit_rate) is test_gate_no_cache.py: a hit rate is a
+count the machine's load cannot change, so it runs in the parallel suite, by URL, and is the live path's
+failing side as well.
 
 The regressed servers are declared in harness.gates.regressions; under `make test` they start during the
 parallel run (harness.suite_session), so this module measures instead of waiting. The measured change of
 each is printed beside its verdict (`-s`); docs/perf-gates.md has the table of measured changes. The live
 path (`test_gate_live.py`, marker `live`) is proven as a user on another machine runs it: a nested pytest
-that knows the server only by its URL. The no-cache server is measured once, by that nested pytest, and its
-run is gated twice: against the by-URL profile (the live path's failing side) and against the committed
-baseline (a full-prefill run is ~100 s of CI, too dear to pay twice). The tests run in this file's order: the
-live path's passing side comes right after the control, so its profile and its candidate are minutes apart.
+that knows the server only by its URL (tests/perf_gates/live_gate.py). The tests run in this file's order:
+the live path's passing side comes right after the control, so its profile and its candidate are minutes
+apart.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from harness.gates.baseline import load_baseline, save_baseline
 from harness.gates.gate import GateReport, gate, load_run, report_markdown, write_report
-from harness.gates.record import (
-    UNSEEN_BY_URL,
-    WARM_REPEATS,
-    baseline_from_runs,
-    for_url_clients,
-)
-from harness.gates.regressions import acquire_regressed
+from harness.gates.record import WARM_REPEATS, baseline_from_runs, for_url_clients
 from harness.metrics import Scoring
-from harness.paths import REPO_ROOT
 from harness.placement import client_on
-from harness.shared_server import STATE_ENV, ServerInfo
+from harness.shared_server import ServerInfo
+from tests.perf_gates.live_gate import live_gate
 from tests.perf_gates.measure import measure
 
-pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.timing]
+pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.timing,
+              pytest.mark.usefixtures("embedded_server_only")]
 SCORING = Scoring.load()
 PROFILE = "cpu-tiny"
 CI_REPEATS = 3
 # The eager server's decode is 30-50% slower, but its repeats spread 10-15% and drift: with 3 repeats the
 # one-sided test at 0.05 / 10 checks missed a -34% change once in two tries, so its candidate gets 5.
 SLOW_REPEATS = 5
-
-
-@pytest.fixture(autouse=True, scope="module")
-def embedded_server_only(pytestconfig):
-    """These tests start, load and regress the embedded server on this machine; against --server-url the
-    live gate (test_gate_live.py) is the one that applies."""
-    if pytestconfig.getoption("--server-url"):
-        pytest.skip("the embedded-server gate tests do not apply to --server-url (test_gate_live.py does)")
 
 
 def measure_candidate(server: ServerInfo, root: Path, label: str, repeats: int = CI_REPEATS,
@@ -73,10 +58,9 @@ def measure_candidate(server: ServerInfo, root: Path, label: str, repeats: int =
     return measure(server, root, label, repeats=repeats, datasets=datasets)
 
 
-def gate_report(run: Path, accept: tuple[str, ...] = (), report_dir: Path | None = None) -> GateReport:
-    """`run` gated against the committed baseline; the report lands in `report_dir` (default: the run)."""
+def gate_report(run: Path, accept: tuple[str, ...] = ()) -> GateReport:
     report = gate(load_baseline(PROFILE), [load_run(run)], SCORING, accept=accept)
-    write_report(report, report_dir or run)
+    write_report(report, run)
     print(report_markdown(report))
     return report
 
@@ -99,48 +83,10 @@ def test_same_setup_control_passes_against_the_committed_baseline(control_run):
     assert report.passed, report_markdown(report)
 
 
-@pytest.fixture(scope="module")
-def regressed_servers(openai_server) -> dict[str, ServerInfo]:
-    """The servers of harness.gates.regressions (eager, no-cache, slow-prefill), by name. Under `make test`
-    they were started during the parallel run; otherwise they start here, together, once the control has
-    measured. Idle, a vLLM server's processes nearly sleep (docs/perf-gates.md: ~2% of a core each)."""
-    state_dir = os.environ.get(STATE_ENV)
-    if not state_dir:
-        pytest.fail(f"{STATE_ENV} is not set: tests/conftest.py's pytest_configure did not run in the controller")
-    return acquire_regressed(Path(state_dir), openai_server.model_dir)
-
-
 # The by-URL profile's floor: one server's decode-micro Output TPS P10 went 111 -> 77 -> 102 tok/s within three
 # minutes (recording, live gate, a bench run after it; 2026-12-01), a swing its own 3 repeats cannot show.
 BY_URL_FLOOR = 0.4
 BY_URL_PROFILE = "tiny-by-url"
-# The live path's failing side is the server without prefix caching, one repeat: its official-like hit rate
-# falls from 94% to 0%, which no drift of this machine can hide. The 16-token server was used until run S
-# (2026-12-01) and missed three times in six runs (P, Q, S): its TTFT change (+31% to +128%) sits near the
-# by-URL 40% floor, and a profile from a slow window (S: half-speed control runs) hid it.
-NO_CACHE_REPEATS = 1
-
-
-@dataclass(frozen=True)
-class LiveGateRun:
-    """A nested live-gate pytest: how it ended, and the run directory its bench wrote."""
-    process: subprocess.CompletedProcess
-    run: Path
-
-
-def live_gate(url: str, baselines: Path, out: Path, repeats: int, tokenizer: Path) -> LiveGateRun:
-    """tests/perf_gates/test_gate_live.py in its own pytest against the by-URL profile, knowing the server
-    only by its URL (and the model's tokenizer, as a user who has the model's files gives it)."""
-    cmd = [sys.executable, "-m", "pytest", str(REPO_ROOT / "tests/perf_gates/test_gate_live.py"), "-p",
-           "no:cacheprovider", "-q", "-s", "--server-url", url, "--baseline-profile", BY_URL_PROFILE,
-           "--baselines-dir", str(baselines), "--gate-repeats", str(repeats), "--tokenizer", str(tokenizer),
-           f"--basetemp={out}"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    done = subprocess.run(cmd, check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
-    print(done.stdout[-3000:])
-    runs = sorted({run.resolve() for run in out.glob(f"live*/*-gate-{BY_URL_PROFILE}")})  # livecurrent: a link
-    assert len(runs) == 1, f"the nested pytest wrote {len(runs)} runs under {out}:\n" + done.stdout[-3000:] + done.stderr[-2000:]
-    return LiveGateRun(done, runs[0])
 
 
 @pytest.fixture(scope="module")
@@ -161,37 +107,11 @@ def test_live_gate_by_url_passes_on_its_own_profile(openai_server, by_url_baseli
     """The live path as a user runs it: the live gate by URL, from a pytest that never started a server,
     against a profile recorded on the same server: every gated metric's test passes."""
     with client_on(openai_server.client_cpus):  # the nested pytest inherits this process's cores
-        same = live_gate(openai_server.base_url, by_url_baselines, tmp_path / "same", CI_REPEATS,
-                         Path(openai_server.model_dir))
-    assert same.process.returncode == 0, same.process.stdout[-5000:] + same.process.stderr[-2000:]
-    assert "5 passed" in same.process.stdout, same.process.stdout[-3000:]
+        same = live_gate(openai_server.base_url, BY_URL_PROFILE, tmp_path / "same", CI_REPEATS,
+                         Path(openai_server.model_dir), baselines=by_url_baselines)
+    assert same.process.returncode == 0, same.output()
+    assert "5 passed" in same.process.stdout, same.output()
 
-
-@pytest.fixture(scope="module")
-def no_cache_by_url(openai_server, regressed_servers, by_url_baselines, tmp_path_factory) -> LiveGateRun:
-    """The server without prefix caching, measured once by the nested live gate."""
-    with client_on(openai_server.client_cpus):
-        return live_gate(regressed_servers["no-cache"].base_url, by_url_baselines,
-                         tmp_path_factory.mktemp("no-cache-by-url"), NO_CACHE_REPEATS, Path(openai_server.model_dir))
-
-
-def test_live_gate_by_url_fails_without_prefix_caching(no_cache_by_url):
-    """The same live gate against the server without prefix caching: exit 1, the cache hit rate test failing."""
-    process = no_cache_by_url.process
-    assert process.returncode == 1, process.stdout[-5000:] + process.stderr[-2000:]
-    # -q names only failures in its summary: the cache hit rate test must be one.
-    failed = "FAILED tests/perf_gates/test_gate_live.py::test_live_server_does_not_regress[cache_hit_rate]"
-    assert failed in process.stdout, process.stdout[-3000:]
-
-
-def test_prefix_caching_off_is_caught_on_cache_hit_rate_and_ttft(no_cache_by_url, tmp_path):
-    # The live gate's run of the no-cache server, gated against the committed baseline: one repeat of the gate
-    # preset with no warm-up (there is no cache to warm). Full prefills make official-like's TTFT about 14x, so
-    # the gate takes the noise from the baseline's repeats, and a 94-point drop in hit rate stands far beyond it.
-    # Measured by URL, it leaves unknown what such a client cannot see, which the report lists as accepted.
-    report = gate_report(no_cache_by_url.run, accept=UNSEEN_BY_URL, report_dir=tmp_path)
-    assert ("official-like@c1", "cache_hit_rate") in flagged(report), report_markdown(report)
-    assert ("official-like@c1", "ttft_p90") in flagged(report), report_markdown(report)
 
 def test_slower_decode_is_caught_on_output_tps_and_weighted_throughput(regressed_servers, tmp_path):
     # decode-micro alone: its 64-token answers are the decode measure, and its prompts are shorter than one
