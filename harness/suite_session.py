@@ -2,8 +2,8 @@
 
 `make test` runs the suite twice: in parallel, then the `timing` tests alone. Each pytest session used to
 start its own embedded server (about two minutes on two cores, most of it torch.compile), and the timing
-run three more, the perf gates' regressed servers (harness.gates.regressions). This owner starts them all
-in the background as soon as it begins (the session's first, then the three together), so the parallel
+run more, the perf gates' regressed servers (harness.gates.regressions). This owner starts them all
+in the background as soon as it begins (the session's first, then the regressed ones together), so the parallel
 run's other tests proceed meanwhile (tests/conftest.py orders the tests that need the session's server
 last) and the timing run finds them up; both runs share them through `harness.shared_server`, and they
 are ended here, when the last command is done, on failure or Ctrl-C too.

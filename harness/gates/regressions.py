@@ -1,9 +1,16 @@
-"""The regressions CI's perf gates must catch, as servers: the session's embedded server plus one argument.
+"""The regressions CI's perf gates must catch, as servers: the session's embedded server plus arguments.
 
-tests/perf_gates/test_gate_tiny_server.py measures each against the committed `cpu-tiny` baseline and asserts
-that the gate flags its metric. They are declared here, not in the test, because `make test` starts them
-early (harness.suite_session), during the parallel run, so the timing run measures instead of waiting:
-a start is ~2 minutes on two cores, most of it one process compiling on one core.
+tests/perf_gates/ measures each against the committed `cpu-tiny` baseline and asserts that the gate flags its
+metric. They are declared here, not in the tests, because `make test` starts them early
+(harness.suite_session), during the parallel run, so the timing run measures instead of waiting: a start is
+~2 minutes on two cores, most of it one process compiling on one core.
+
+One server carries two regressions whose gated metrics cannot see each other, since a vLLM start is the
+dearest thing in CI (five starts made it 21 minutes, 2026-12-02): `--enforce-eager` is gated on decode-micro's
+Output TPS (its prompts are shorter than one KV block, so decode-micro never reaches the prefix cache: hit rate
+0% with the cache on), and `--no-enable-prefix-caching` on official-like's cache hit rate (a count of cached
+prompt tokens, which no execution mode changes). The MoE substitution's end-to-end test compares this server
+with a copy of it that has the substitution on.
 """
 from __future__ import annotations
 
@@ -17,7 +24,7 @@ from harness.server import ManagedServer, embedded_server
 from harness.shared_server import ServerInfo
 
 # A regressed server's KV cache: 1 GiB (1.6M tokens of the tiny model, 40 times the gate workload's), not the
-# session's 2, so that the session's server, these three and a test's own server fit in memory at once;
+# session's 2, so that the session's server, these and a test's own copy of one fit in memory at once;
 # the cache never fills, so its size does not show in what is measured.
 REGRESSED_KV_GIB = 1
 # The smallest chunk vLLM accepts here (max_num_batched_tokens >= max_num_seqs = 16).
@@ -28,27 +35,45 @@ PREFILL_CHUNK_TOKENS = 16
 class InjectedRegression:
     name: str
     extra_args: tuple[str, ...]
-    # Start on the mirrored cores (harness.placement): two of these compile at once, one on each core.
+    # Start on the mirrored cores (harness.placement), so that a start compiling beside another one does so on
+    # the other core.
     start_mirrored: bool = False
 
 
+# The names the tests look the servers up by.
+EAGER_NO_CACHE = "eager-no-cache"
+SLOW_PREFILL = "slow-prefill"
+
 REGRESSIONS: tuple[InjectedRegression, ...] = (
-    # no torch.compile: every decode step runs op by op
-    InjectedRegression("eager", ("--enforce-eager",)),
-    # prefix caching off: every official-like prompt prefills in full
-    InjectedRegression("no-cache", ("--no-enable-prefix-caching",)),
+    # no torch.compile: every decode step runs op by op; and prefix caching off: every official-like prompt
+    # prefills in full (no compile also makes its start the cheapest)
+    InjectedRegression(EAGER_NO_CACHE, ("--enforce-eager", "--no-enable-prefix-caching")),
     # at most 16 tokens a step: an official-like turn's ~290 uncached tokens take ~18 steps instead of one;
     # decode steps are unchanged
-    InjectedRegression("slow-prefill", ("--max-num-batched-tokens", str(PREFILL_CHUNK_TOKENS)), start_mirrored=True),
+    InjectedRegression(SLOW_PREFILL, ("--max-num-batched-tokens", str(PREFILL_CHUNK_TOKENS)), start_mirrored=True),
 )
 
 
+def by_name(name: str) -> InjectedRegression:
+    found = [r for r in REGRESSIONS if r.name == name]
+    if not found:
+        raise KeyError(f"no injected regression {name!r}; the known ones: {[r.name for r in REGRESSIONS]}")
+    return found[0]
+
+
+def regressed_server(regression: InjectedRegression, work_dir: Path, model_dir: str | Path, log_path: Path,
+                     **overrides) -> ManagedServer:
+    """This regression's server on the session's model files, not started; `overrides` as embedded_config's
+    (a test's copy with one switch more passes `env`)."""
+    return embedded_server(work_dir, model_dir, log_path, extra_args=regression.extra_args,
+                           cpu_kvcache_gib=REGRESSED_KV_GIB, start_mirrored=regression.start_mirrored, **overrides)
+
+
 def starter(regression: InjectedRegression, model_dir: str | Path) -> Callable[[Path], tuple[ManagedServer, str]]:
-    """A `start` for shared_server.acquire: this regression's server on the session's model files."""
+    """A `start` for shared_server.acquire: this regression's server, owned by the test session's owner."""
     def start(state_dir: Path) -> tuple[ManagedServer, str]:
-        server = embedded_server(state_dir, model_dir, Path(state_dir) / f"{regression.name}.log",
-                                 extra_args=regression.extra_args, cpu_kvcache_gib=REGRESSED_KV_GIB,
-                                 start_mirrored=regression.start_mirrored, owner_pid=shared_server.owner_pid())
+        server = regressed_server(regression, state_dir, model_dir, Path(state_dir) / f"{regression.name}.log",
+                                  owner_pid=shared_server.owner_pid())
         return server.start(), str(model_dir)
 
     return start

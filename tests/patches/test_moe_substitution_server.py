@@ -1,9 +1,11 @@
 """End-to-end: the plugin's MoE substitution on the real tiny vLLM CPU server gives vLLM's greedy outputs.
 
-"Off" is the session's embedded server (tests/conftest.py), whose start command is checked to be this test's
-apart from the port; "on" is one extra server with QWEN36_PATCH_MOE=1 and nothing else changed. Requests are
-sequential so each server decodes with T=1 (decode_fused) after a prefill of the prompt (sorted, or the tiny
-path for short prompts), which the "on" server's log must show ran.
+"Off" is harness.gates.regressions' eager-no-cache server (`--enforce-eager --no-enable-prefix-caching`,
+started for the perf gates); "on" is a copy of it with QWEN36_PATCH_MOE=1 and nothing else changed (its start
+command is checked to be the same apart from the port). The copy, not the session's compiled server, because a
+start is the dearest thing in CI and an eager one skips torch.compile (the expert layer is one opaque custom op
+to it either way). Requests are sequential so each server decodes with T=1 (decode_fused) after a prefill of
+the prompt (sorted, or the tiny path for short prompts), which the "on" server's log must show ran.
 
 Rule: the top-1 tokens agree and every token's logprob agrees within LOGPROB_TOL nats, with one allowance:
 the sequences may part at a near-tie, a step where the "off" server's own top-2 logprobs (logprobs=2) are
@@ -23,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.server import ManagedServer, ServerConfig
+from harness.gates.regressions import EAGER_NO_CACHE, by_name, regressed_server
 from patches.registry import PatchState, PatchStatus, format_table
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -108,23 +110,23 @@ def _without_port(command: str) -> list[str]:
     return parts[:i] + parts[i + 2:]
 
 
-def test_moe_substitution_on_gives_the_same_greedy_outputs_as_off(openai_server, tmp_path):
-    if openai_server.pid is None:
-        pytest.skip("needs the embedded server (its start command and log); --server-url gives neither")
-    off_log = Path(openai_server.log_path).read_text(errors="replace")
-    off_state = moe_state_in_log(off_log)
-    assert off_state is not None, f"no moe_experts row in the session server's log {openai_server.log_path}"
-    if off_state != PatchState.OFF.value:
-        pytest.skip(f"the session server's MoE substitution is {off_state}, not off (is QWEN36_PATCH_MOE set?)")
-    off = greedy(openai_server.base_url, openai_server.model)
-
-    template = shlex.split(openai_server.command)[shlex.split(openai_server.command).index("--chat-template") + 1]
-    cfg = ServerConfig(openai_server.model_dir, chat_template=Path(template), max_model_len=8192,
-                       env={"QWEN36_PATCH_MOE": "1"})
-    with ManagedServer(cfg, tmp_path / "server-moe-on.log") as server:
-        assert _without_port(server.command_line) == _without_port(openai_server.command)
-        on = greedy(server.base_url, cfg.served_model_name)
-    on_log = (tmp_path / "server-moe-on.log").read_text(errors="replace")
+def test_moe_substitution_on_gives_the_same_greedy_outputs_as_off(pytestconfig, request, openai_server, tmp_path):
+    if pytestconfig.getoption("--server-url"):
+        pytest.skip("needs the embedded servers (their start commands and logs); --server-url gives neither")
+    on_log_path = tmp_path / "server-moe-on.log"
+    copy = regressed_server(by_name(EAGER_NO_CACHE), tmp_path, openai_server.model_dir, on_log_path,
+                            env={"QWEN36_PATCH_MOE": "1"})
+    with copy as server:  # started before asking for "off", which under `make test` may still be starting
+        off_server = request.getfixturevalue("regressed_servers")[EAGER_NO_CACHE]
+        off_log = Path(off_server.log_path).read_text(errors="replace")
+        off_state = moe_state_in_log(off_log)
+        assert off_state is not None, f"no moe_experts row in the off server's log {off_server.log_path}"
+        if off_state != PatchState.OFF.value:
+            pytest.skip(f"the off server's MoE substitution is {off_state}, not off (is QWEN36_PATCH_MOE set?)")
+        assert _without_port(server.command_line) == _without_port(off_server.command)
+        off = greedy(off_server.base_url, off_server.model)
+        on = greedy(server.base_url, off_server.model)
+    on_log = on_log_path.read_text(errors="replace")
     assert moe_state_in_log(on_log) == PatchState.APPLIED.value
     assert "first call on path 'decode_fused'" in on_log  # the substitution really served the decode steps
     assert "first call on path 'sorted'" in on_log
