@@ -5,12 +5,14 @@ metric. They are declared here, not in the tests, because `make test` starts the
 (harness.suite_session), during the parallel run, so the timing run measures instead of waiting: a start is
 ~2 minutes on two cores, most of it one process compiling on one core.
 
-One server carries two regressions whose gated metrics cannot see each other, since a vLLM start is the
-dearest thing in CI (five starts made it 21 minutes, 2026-12-02): `--enforce-eager` is gated on decode-micro's
-Output TPS (its prompts are shorter than one KV block, so decode-micro never reaches the prefix cache: hit rate
-0% with the cache on), and `--no-enable-prefix-caching` on official-like's cache hit rate (a count of cached
-prompt tokens, which no execution mode changes). The MoE substitution's end-to-end test compares this server
-with a copy of it that has the substitution on.
+The server without prefix caching is eager too (`--enforce-eager`): a vLLM start is the dearest thing in CI
+(five starts, four of them compiling, made it 21 minutes, 2026-12-02), an eager one skips torch.compile, and
+its gated metric, official-like's cache hit rate, is a count of cached prompt tokens that no execution mode
+changes. The MoE substitution's end-to-end test compares this server with a copy of it that has the
+substitution on. The eager regression keeps a server of its own: on the eager server with prefix caching off
+too, decode-micro's Output TPS P10 fell only 23.9% (run X, 2026-12-02; -33.7% and -34.6% with `--enforce-eager`
+alone in runs W and R), under what the gate could flag; whether the caching mode or the machine's drift did
+it, one run cannot say, and the eager regression's size is not worth the risk.
 """
 from __future__ import annotations
 
@@ -41,13 +43,15 @@ class InjectedRegression:
 
 
 # The names the tests look the servers up by.
-EAGER_NO_CACHE = "eager-no-cache"
+EAGER = "eager"
+NO_CACHE = "no-cache"
 SLOW_PREFILL = "slow-prefill"
 
 REGRESSIONS: tuple[InjectedRegression, ...] = (
-    # no torch.compile: every decode step runs op by op; and prefix caching off: every official-like prompt
-    # prefills in full (no compile also makes its start the cheapest)
-    InjectedRegression(EAGER_NO_CACHE, ("--enforce-eager", "--no-enable-prefix-caching")),
+    # no torch.compile: every decode step runs op by op
+    InjectedRegression(EAGER, ("--enforce-eager",)),
+    # prefix caching off: every official-like prompt prefills in full (eager as well: see above)
+    InjectedRegression(NO_CACHE, ("--no-enable-prefix-caching", "--enforce-eager")),
     # at most 16 tokens a step: an official-like turn's ~290 uncached tokens take ~18 steps instead of one;
     # decode steps are unchanged
     InjectedRegression(SLOW_PREFILL, ("--max-num-batched-tokens", str(PREFILL_CHUNK_TOKENS)), start_mirrored=True),

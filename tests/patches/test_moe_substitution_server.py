@@ -1,7 +1,7 @@
 """End-to-end: the plugin's MoE substitution on the real tiny vLLM CPU server gives vLLM's greedy outputs.
 
-"Off" is harness.gates.regressions' eager-no-cache server (`--enforce-eager --no-enable-prefix-caching`,
-started for the perf gates); "on" is a copy of it with QWEN36_PATCH_MOE=1 and nothing else changed (its start
+"Off" is harness.gates.regressions' no-cache server (`--no-enable-prefix-caching --enforce-eager`, started
+for the perf gates); "on" is a copy of it with QWEN36_PATCH_MOE=1 and nothing else changed (its start
 command is checked to be the same apart from the port). The copy, not the session's compiled server, because a
 start is the dearest thing in CI and an eager one skips torch.compile (the expert layer is one opaque custom op
 to it either way). Requests are sequential so each server decodes with T=1 (decode_fused) after a prefill of
@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.gates.regressions import EAGER_NO_CACHE, by_name, regressed_server
+from harness.gates.regressions import NO_CACHE, by_name, regressed_server
 from patches.registry import PatchState, PatchStatus, format_table
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -114,10 +114,10 @@ def test_moe_substitution_on_gives_the_same_greedy_outputs_as_off(pytestconfig, 
     if pytestconfig.getoption("--server-url"):
         pytest.skip("needs the embedded servers (their start commands and logs); --server-url gives neither")
     on_log_path = tmp_path / "server-moe-on.log"
-    copy = regressed_server(by_name(EAGER_NO_CACHE), tmp_path, openai_server.model_dir, on_log_path,
+    copy = regressed_server(by_name(NO_CACHE), tmp_path, openai_server.model_dir, on_log_path,
                             env={"QWEN36_PATCH_MOE": "1"})
     with copy as server:  # started before asking for "off", which under `make test` may still be starting
-        off_server = request.getfixturevalue("regressed_servers")[EAGER_NO_CACHE]
+        off_server = request.getfixturevalue("regressed_servers")[NO_CACHE]
         off_log = Path(off_server.log_path).read_text(errors="replace")
         off_state = moe_state_in_log(off_log)
         assert off_state is not None, f"no moe_experts row in the off server's log {off_server.log_path}"

@@ -10,11 +10,11 @@ nothing between it and the client:
 |---|---|---|---|
 | control | nothing (the session's server) | both points | none |
 | live path by URL | a by-URL profile of the control's runs; the session's server | both points | none (exit 0) |
-| slower decode | `--enforce-eager`: every step op by op (prefix caching off too, unseen by decode-micro) | decode-micro | output_tps_p10, weighted_throughput |
+| slower decode | `--enforce-eager`: no torch.compile, every step op by op | decode-micro | output_tps_p10, weighted_throughput |
 | slower prefill | `--max-num-batched-tokens 16`: a prompt's uncached tokens prefill 16 a step | official-like | ttft_p90 |
 
-Prefix caching off (`--no-enable-prefix-caching`, cache_hit_rate, on the same server as `--enforce-eager`:
-harness.gates.regressions says why) is test_gate_no_cache.py: a hit rate is a count the machine's load cannot
+Prefix caching off (`--no-enable-prefix-caching`, cache_hit_rate; the server is eager too, which
+harness.gates.regressions explains) is test_gate_no_cache.py: a hit rate is a count the machine's load cannot
 change, so it runs in the parallel suite, by URL, and is the live path's failing side as well.
 
 The regressed servers are declared in harness.gates.regressions; under `make test` they start during the
@@ -34,7 +34,7 @@ import pytest
 from harness.gates.baseline import load_baseline, save_baseline
 from harness.gates.gate import GateReport, gate, load_run, report_markdown, write_report
 from harness.gates.record import WARM_REPEATS, baseline_from_runs, for_url_clients
-from harness.gates.regressions import EAGER_NO_CACHE, SLOW_PREFILL
+from harness.gates.regressions import EAGER, SLOW_PREFILL
 from harness.metrics import Scoring
 from harness.placement import client_on
 from harness.shared_server import ServerInfo
@@ -116,9 +116,8 @@ def test_live_gate_by_url_passes_on_its_own_profile(openai_server, by_url_baseli
 
 def test_slower_decode_is_caught_on_output_tps_and_weighted_throughput(regressed_servers, tmp_path):
     # decode-micro alone: its 64-token answers are the decode measure, and its prompts are shorter than one
-    # KV block, so no prefix cache state needs warming (one warm-up repeat for the server's first requests),
-    # and this server's prefix caching being off (test_gate_no_cache.py's regression) cannot show.
-    run = measure_candidate(regressed_servers[EAGER_NO_CACHE], tmp_path, "eager", repeats=SLOW_REPEATS, warmups=1,
+    # KV block, so no prefix cache state needs warming (one warm-up repeat for the server's first requests).
+    run = measure_candidate(regressed_servers[EAGER], tmp_path, "eager", repeats=SLOW_REPEATS, warmups=1,
                             datasets=("decode-micro",))
     report = gate_report(run, accept=("server_args",))
     assert {("decode-micro@c2", "output_tps_p10"), ("decode-micro@c2", "weighted_throughput")} <= flagged(report), \
