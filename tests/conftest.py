@@ -4,7 +4,7 @@
 whole session even under pytest-xdist (harness.shared_server): by the first test that asks for it, and the
 controller process ends its whole process tree when the session ends, on failure too. Under `make test`
 the owner is `harness.suite_session` instead: it starts the server before the tests, both pytest runs share
-it, and it ends it. Tests that need the server run last, so the others run while it starts.
+it, and it ends it. Tests that need a server run last, so the others run while it starts (start_order).
 """
 from __future__ import annotations
 
@@ -45,9 +45,24 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             os.environ.pop(OWNER_ENV, None)
 
 
+def start_order(item: pytest.Item, distributed: bool) -> int:
+    """0: needs no server; then the tests of a server. Under pytest-xdist (`distributed`), 1: the regressed
+    servers' (harness.gates.regressions, up last of all), 2: only the session server's. The regressed servers'
+    tests are the longest (minutes each): at the end of the parallel run, xdist's load scheduling had queued
+    two of them on one worker while the other had nothing left (214 s, 2026-12-02), and its work-stealing mode
+    hands out the tests in two halves at the start, so the second worker would wait for the session's server.
+    Without xdist the order within a file stands (the timing run's perf gates depend on it)."""
+    names = getattr(item, "fixturenames", ())
+    if distributed and "regressed_servers" in names:
+        return 1
+    return 2 if "openai_server" in names else 0
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests of the session's server last (a stable sort): while it starts, the workers run the others."""
-    items.sort(key=lambda item: "openai_server" in getattr(item, "fixturenames", ()))
+    """The tests that need no server first (a stable sort), so the workers run them while the servers start;
+    under xdist the regressed servers' long tests next, so that short ones are left for the end."""
+    distributed = hasattr(config, "workerinput")  # xdist collects in each worker
+    items.sort(key=lambda item: start_order(item, distributed))
 
 
 @pytest.fixture(scope="session")

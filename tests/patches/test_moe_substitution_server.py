@@ -1,11 +1,14 @@
 """End-to-end: the plugin's MoE substitution on the real tiny vLLM CPU server gives vLLM's greedy outputs.
 
-"Off" is harness.gates.regressions' no-cache server (`--no-enable-prefix-caching --enforce-eager`, started
-for the perf gates); "on" is a copy of it with QWEN36_PATCH_MOE=1 and nothing else changed (its start
-command is checked to be the same apart from the port). The copy, not the session's compiled server, because a
-start is the dearest thing in CI and an eager one skips torch.compile (the expert layer is one opaque custom op
-to it either way). Requests are sequential so each server decodes with T=1 (decode_fused) after a prefill of
-the prompt (sorted, or the tiny path for short prompts), which the "on" server's log must show ran.
+Both servers are harness.gates.regressions', started for the perf gates anyway (a start is the dearest thing in
+CI): "on" is the no-cache server, which has QWEN36_PATCH_MOE=1; "off" is the eager server, whose start command
+differs from it only by `--no-enable-prefix-caching` (checked), with the substitution off (read from its log).
+Prefix caching can change these requests' numbers only through cached tokens, and the "off" server must
+report none for every prompt. Both are eager: the expert layer is one opaque custom op to torch.compile either
+way, so the eager pair tests the same substitution as a compiled one. Requests are sequential and the "on"
+server is held (`exclusive`, so the no-cache gate's requests wait) so each server decodes with T=1
+(decode_fused) after a prefill of the prompt (sorted, or the tiny path for short prompts), which the "on"
+server's log must show ran.
 
 Rule: the top-1 tokens agree and every token's logprob agrees within LOGPROB_TOL nats, with one allowance:
 the sequences may part at a near-tie, a step where the "off" server's own top-2 logprobs (logprobs=2) are
@@ -25,7 +28,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.gates.regressions import NO_CACHE, by_name, regressed_server
+from harness.gates.regressions import EAGER, MOE_SWITCH, NO_CACHE, by_name, exclusive
+from patches import moe_experts
 from patches.registry import PatchState, PatchStatus, format_table
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -48,8 +52,9 @@ def greedy(base_url: str, model: str) -> list[dict]:
             "model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": 2, "seed": 0})
         r.raise_for_status()
         lp = r.json()["choices"][0]["logprobs"]
+        details = r.json()["usage"].get("prompt_tokens_details") or {}
         out.append({"prompt": prompt, "tokens": lp["tokens"], "logprobs": lp["token_logprobs"],
-                    "top": lp["top_logprobs"]})
+                    "top": lp["top_logprobs"], "cached_tokens": details.get("cached_tokens")})
     return out
 
 
@@ -110,23 +115,27 @@ def _without_port(command: str) -> list[str]:
     return parts[:i] + parts[i + 2:]
 
 
-def test_moe_substitution_on_gives_the_same_greedy_outputs_as_off(pytestconfig, request, openai_server, tmp_path):
-    if pytestconfig.getoption("--server-url"):
-        pytest.skip("needs the embedded servers (their start commands and logs); --server-url gives neither")
-    on_log_path = tmp_path / "server-moe-on.log"
-    copy = regressed_server(by_name(NO_CACHE), tmp_path, openai_server.model_dir, on_log_path,
-                            env={"QWEN36_PATCH_MOE": "1"})
-    with copy as server:  # started before asking for "off", which under `make test` may still be starting
-        off_server = request.getfixturevalue("regressed_servers")[NO_CACHE]
-        off_log = Path(off_server.log_path).read_text(errors="replace")
-        off_state = moe_state_in_log(off_log)
-        assert off_state is not None, f"no moe_experts row in the off server's log {off_server.log_path}"
-        if off_state != PatchState.OFF.value:
-            pytest.skip(f"the off server's MoE substitution is {off_state}, not off (is QWEN36_PATCH_MOE set?)")
-        assert _without_port(server.command_line) == _without_port(off_server.command)
-        off = greedy(off_server.base_url, off_server.model)
-        on = greedy(server.base_url, off_server.model)
-    on_log = on_log_path.read_text(errors="replace")
+def test_the_on_server_is_the_no_cache_server_with_the_moe_switch_and_the_off_server_differs_by_caching():
+    assert MOE_SWITCH == moe_experts.PATCH.switch
+    on, off = by_name(NO_CACHE), by_name(EAGER)
+    assert dict(on.env) == {MOE_SWITCH: "1"} and not off.env
+    assert [a for a in on.extra_args if a != "--no-enable-prefix-caching"] == list(off.extra_args)
+    assert on.start_mirrored == off.start_mirrored
+
+
+def test_moe_substitution_on_gives_the_same_greedy_outputs_as_off(regressed_servers):
+    on_server, off_server = regressed_servers[NO_CACHE], regressed_servers[EAGER]
+    off_state = moe_state_in_log(Path(off_server.log_path).read_text(errors="replace"))
+    assert off_state is not None, f"no moe_experts row in the off server's log {off_server.log_path}"
+    if off_state != PatchState.OFF.value:
+        pytest.skip(f"the off server's MoE substitution is {off_state}, not off (is {MOE_SWITCH} set?)")
+    on_command = [a for a in _without_port(on_server.command) if a != "--no-enable-prefix-caching"]
+    assert on_command == _without_port(off_server.command)
+    off = greedy(off_server.base_url, off_server.model)
+    with exclusive(on_server):
+        on = greedy(on_server.base_url, off_server.model)
+    assert [o["cached_tokens"] for o in off] == [0] * len(PROMPTS), "the off server served cached prompt tokens"
+    on_log = Path(on_server.log_path).read_text(errors="replace")
     assert moe_state_in_log(on_log) == PatchState.APPLIED.value
     assert "first call on path 'decode_fused'" in on_log  # the substitution really served the decode steps
     assert "first call on path 'sorted'" in on_log

@@ -6,8 +6,9 @@ server only by its URL and the model's tokenizer; the two identity fields such a
 accepted, as docs/perf-gates.md tells a user to) and the committed baseline's prefix-caching regression at
 once. Its passing side is test_gate_tiny_server.py's `test_live_gate_by_url_passes_on_its_own_profile`.
 
-The server is harness.gates.regressions' no-cache: `--enforce-eager` as well, which a count of cached tokens
-cannot see.
+The server is harness.gates.regressions' no-cache: `--enforce-eager` and the MoE substitution on as well,
+which a count of cached tokens cannot see. The MoE substitution test uses it too; each holds it (`exclusive`)
+while it sends requests.
 
 Not a `timing` test: the hit rate is the server's count of cached prompt tokens, which the machine's load
 cannot change (official-like: 94.4% with the cache, 0% without). So it runs in `make test`'s parallel run, and
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from harness.gates.record import UNSEEN_BY_URL
-from harness.gates.regressions import NO_CACHE
+from harness.gates.regressions import NO_CACHE, exclusive
 from tests.perf_gates.live_gate import live_gate
 
 pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.usefixtures("embedded_server_only")]
@@ -34,8 +35,10 @@ REPEATS = 1
 
 def test_live_gate_by_url_fails_without_prefix_caching_on_cache_hit_rate(openai_server, regressed_servers,
                                                                           tmp_path):
-    run = live_gate(regressed_servers[NO_CACHE].base_url, PROFILE, tmp_path / "no-cache", REPEATS,
-                    Path(openai_server.model_dir), accept=UNSEEN_BY_URL)
+    server = regressed_servers[NO_CACHE]
+    with exclusive(server):
+        run = live_gate(server.base_url, PROFILE, tmp_path / "no-cache", REPEATS, Path(openai_server.model_dir),
+                        accept=UNSEEN_BY_URL)
     assert run.process.returncode == 1, run.output()
     assert run.failed("cache_hit_rate"), run.output()
     assert (run.run / "gate.json").exists()  # the report lands in the run directory
