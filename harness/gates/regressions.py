@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterator
 
 from harness import shared_server
 from harness.server import ManagedServer, embedded_server
@@ -50,12 +49,6 @@ class InjectedRegression:
     # Environment for its processes beyond the session server's (name, value pairs).
     env: tuple[tuple[str, str], ...] = ()
 
-    @property
-    def compiles(self) -> bool:
-        """Whether its start runs torch.compile (minutes on one core): harness.suite_session starts the ones
-        that do not beside the session's server, and the others once that one is up."""
-        return "--enforce-eager" not in self.extra_args
-
 
 # The patch set's MoE substitution switch (patches/catalog.py), on in the no-cache server.
 MOE_SWITCH = "QWEN36_PATCH_MOE"
@@ -67,11 +60,10 @@ SLOW_PREFILL = "slow-prefill"
 
 REGRESSIONS: tuple[InjectedRegression, ...] = (
     # no torch.compile: every decode step runs op by op
-    InjectedRegression(EAGER, ("--enforce-eager",), start_mirrored=True),
+    InjectedRegression(EAGER, ("--enforce-eager",)),
     # prefix caching off: every official-like prompt prefills in full (eager and the MoE substitution on as
     # well: see above)
-    InjectedRegression(NO_CACHE, ("--no-enable-prefix-caching", "--enforce-eager"), env=((MOE_SWITCH, "1"),),
-                       start_mirrored=True),
+    InjectedRegression(NO_CACHE, ("--no-enable-prefix-caching", "--enforce-eager"), env=((MOE_SWITCH, "1"),)),
     # at most 16 tokens a step: an official-like turn's ~290 uncached tokens take ~18 steps instead of one;
     # decode steps are unchanged
     InjectedRegression(SLOW_PREFILL, ("--max-num-batched-tokens", str(PREFILL_CHUNK_TOKENS)), start_mirrored=True),
@@ -105,36 +97,13 @@ def starter(regression: InjectedRegression, model_dir: str | Path) -> Callable[[
     return start
 
 
-def acquire_regressed(state_dir: Path, model_dir: str | Path, names: Iterable[str] | None = None
-                      ) -> dict[str, ServerInfo]:
-    """These regressions' servers (all by default; shared_server names them by regression), started together
-    where nobody has started them yet. One that fails raises here; the others stay up until their owner ends
-    them all."""
-    chosen = [by_name(n) for n in names] if names is not None else list(REGRESSIONS)
-    with ThreadPoolExecutor(max_workers=len(chosen) or 1) as pool:
+def acquire_regressed(state_dir: Path, model_dir: str | Path) -> dict[str, ServerInfo]:
+    """Every regression's server (shared_server names them by regression), started together where nobody
+    has started it yet. One that fails raises here; the others stay up until their owner ends them all."""
+    with ThreadPoolExecutor(max_workers=len(REGRESSIONS)) as pool:
         futures = {r.name: pool.submit(shared_server.acquire, state_dir, starter(r, model_dir), r.name)
-                   for r in chosen}
+                   for r in REGRESSIONS}
     return {name: future.result() for name, future in futures.items()}
-
-
-class RegressedServers(Mapping[str, ServerInfo]):
-    """The regressed servers by name, each acquired (started, or waited for) when a test first asks for it,
-    so that a test waits only for the servers it uses."""
-
-    def __init__(self, state_dir: Path, model_dir: str | Path):
-        self._state_dir, self._model_dir = Path(state_dir), model_dir
-        self._got: dict[str, ServerInfo] = {}
-
-    def __getitem__(self, name: str) -> ServerInfo:
-        if name not in self._got:
-            self._got[name] = shared_server.acquire(self._state_dir, starter(by_name(name), self._model_dir), name)
-        return self._got[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(r.name for r in REGRESSIONS)
-
-    def __len__(self) -> int:
-        return len(REGRESSIONS)
 
 
 @contextlib.contextmanager

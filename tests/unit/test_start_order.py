@@ -5,7 +5,7 @@ from tests.conftest import start_order
 
 NO_SERVER = SimpleNamespace(fixturenames=("tmp_path",))
 SESSION = SimpleNamespace(fixturenames=("openai_server", "tmp_path"))
-REGRESSED = SimpleNamespace(fixturenames=("regressed_servers",))
+REGRESSED = SimpleNamespace(fixturenames=("regressed_servers", "openai_server"))
 
 
 def test_under_xdist_the_regressed_servers_tests_come_before_the_session_servers():

@@ -54,16 +54,14 @@ def _gone(pid: int) -> bool:
 
 
 def test_commands_share_one_server_that_is_ended_after_the_last(tmp_path):
-    assert suite_session.run([_client(tmp_path, 0), _client(tmp_path, 0)], start_server=_fake_start, then=None,
-                             beside=None) == 0
+    assert suite_session.run([_client(tmp_path, 0), _client(tmp_path, 0)], start_server=_fake_start, then=None) == 0
     first, second = _seen(tmp_path)
     assert first == second  # the same process served both commands
     assert _gone(first["pid"])
 
 
 def test_a_failing_command_stops_the_rest_and_the_server_is_still_ended(tmp_path):
-    assert suite_session.run([_client(tmp_path, 3), _client(tmp_path, 0)], start_server=_fake_start, then=None,
-                             beside=None) == 3
+    assert suite_session.run([_client(tmp_path, 3), _client(tmp_path, 0)], start_server=_fake_start, then=None) == 3
     (only,) = _seen(tmp_path)  # the second command never ran
     assert _gone(only["pid"])
 
@@ -74,7 +72,7 @@ def test_nothing_is_started_for_a_live_server(tmp_path):
 
     marker = tmp_path / "ran"
     cmd = [sys.executable, "-c", f"open({str(marker)!r}, 'w').close()", "--server-url=http://10.0.0.5:8000"]
-    assert suite_session.run([cmd], start_server=must_not_start, then=None, beside=None) == 0
+    assert suite_session.run([cmd], start_server=must_not_start, then=None) == 0
     assert marker.exists()
 
 
@@ -94,7 +92,7 @@ def test_commands_are_split_at_each_separator():
 
 def test_the_callers_environment_is_restored(tmp_path, monkeypatch):
     monkeypatch.setenv(suite_session.STATE_ENV, "/the/callers/state")
-    suite_session.run([_client(tmp_path, 0)], start_server=_fake_start, then=None, beside=None)
+    suite_session.run([_client(tmp_path, 0)], start_server=_fake_start, then=None)
     import os
 
     assert os.environ[suite_session.STATE_ENV] == "/the/callers/state"
@@ -118,7 +116,7 @@ def test_servers_started_after_the_sessions_are_ended_too(tmp_path):
                       "while not (state / 'other.json').exists() and time.monotonic() < deadline:\n"
                       "    time.sleep(0.05)\n"
                       "shared_server.acquire(state, None, name='other')\n")
-    assert suite_session.run([[sys.executable, str(script)]], start_server=_fake_start, then=then, beside=None) == 0
+    assert suite_session.run([[sys.executable, str(script)]], start_server=_fake_start, then=then) == 0
     assert seen["session"] != seen["other"]
     assert _gone(seen["session"]) and _gone(seen["other"])
 
@@ -133,26 +131,4 @@ def test_later_commands_wait_until_every_start_is_over(tmp_path):
     check = [sys.executable, "-c", "import os, sys; from pathlib import Path; "
              f"sys.exit(0 if (Path(os.environ[{suite_session.STATE_ENV!r}]) / 'late.json').exists() else 9)"]
     quick = [sys.executable, "-c", "pass"]
-    assert suite_session.run([quick, check], start_server=_fake_start, then=slow_then, beside=None) == 0
-
-
-def test_servers_started_beside_the_sessions_begin_before_it_is_up_and_later_commands_wait_for_them(tmp_path):
-    from harness import shared_server
-
-    events = []
-
-    def slow_session(state_dir):
-        time.sleep(1.0)
-        events.append("session starts")
-        return _fake_start(state_dir)
-
-    def beside(state_dir):
-        events.append("beside begins")
-        time.sleep(1.5)  # still starting when the session's server is up and the first command has ended
-        shared_server.acquire(state_dir, _fake_start, name="early")
-
-    check = [sys.executable, "-c", "import os, sys; from pathlib import Path; "
-             f"sys.exit(0 if (Path(os.environ[{suite_session.STATE_ENV!r}]) / 'early.json').exists() else 9)"]
-    assert suite_session.run([[sys.executable, "-c", "pass"], check], start_server=slow_session, then=None,
-                             beside=beside) == 0
-    assert events == ["beside begins", "session starts"]
+    assert suite_session.run([quick, check], start_server=_fake_start, then=slow_then) == 0
