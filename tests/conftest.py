@@ -86,7 +86,7 @@ def openai_server(pytestconfig: pytest.Config) -> ServerInfo:
 @pytest.fixture(scope="session")
 def regressed_servers(pytestconfig: pytest.Config, openai_server: ServerInfo) -> dict[str, ServerInfo]:
     """The servers of harness.gates.regressions, by name: the embedded server plus the arguments of a regression
-    (the perf gates', and the copy the MoE substitution test compares with). Under `make test` they start
+    (the perf gates', and the pair the MoE substitution test compares). Under `make test` they start
     during the parallel run (harness.suite_session); otherwise here, together, the first time a test asks.
     Idle, a vLLM server's processes nearly sleep (docs/perf-gates.md: ~2% of a core each)."""
     if pytestconfig.getoption("--server-url"):

@@ -12,7 +12,8 @@ while it sends requests.
 
 Not a `timing` test: the hit rate is the server's count of cached prompt tokens, which the machine's load
 cannot change (official-like: 94.4% with the cache, 0% without). So it runs in `make test`'s parallel run, and
-its full prefills (~100 s) are not paid in the timing run. Only the hit rate is asserted: the TTFT P90 this
+its full prefills are not paid in the timing run
+(220-240 s there in runs BB-EE, 2026-12-02, with the MoE substitution on; 91-147 s with it off). Only the hit rate is asserted: the TTFT P90 this
 run measures (+1348% in run R, quiet) would carry the parallel run's load too; a slower prefill on TTFT is
 test_gate_tiny_server.py's `test_slower_prefill_is_caught_on_ttft`, measured alone.
 """
