@@ -3,18 +3,20 @@
 `make test` runs the suite twice: in parallel, then the `timing` tests alone. Each pytest session used to
 start its own embedded server (about two minutes on two cores, most of it torch.compile), and the timing
 run more, the perf gates' regressed servers (harness.gates.regressions). This owner starts them all
-in the background as soon as it begins (the session's first, then the regressed ones together), so the parallel
+in the background as soon as it begins (the session's first, then the regressed ones together), then warms
+the servers the timing run's gates measure (their prefix caches, harness.gates.measure), so the parallel
 run's other tests proceed meanwhile (tests/conftest.py orders the tests that need the session's server
-last) and the timing run finds them up; both runs share them through `harness.shared_server`, and they
-are ended here, when the last command is done, on failure or Ctrl-C too.
+last) and the timing run finds them up and warm; both runs share them through `harness.shared_server`, and
+they are ended here, when the last command is done, on failure or Ctrl-C too.
 
 The commands run in order; the first that fails stops the rest and gives its exit code. The first runs
 while the servers start; each later one waits until every start is over, as it measures time (a start
-beside a measurement slowed the perf gates' control by 40%). With `--server-url` in a command nothing is
+beside a measurement slowed the perf gates' control by 40%), and so does a warm-up. With `--server-url` in a command nothing is
 started: that run measures the server it names.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -27,8 +29,8 @@ from pathlib import Path
 from typing import Callable
 
 from harness import shared_server
-from harness.gates.regressions import acquire_regressed
-from harness.shared_server import OWNER_ENV, STATE_ENV, ServerInfo
+from harness.gates.regressions import acquire_regressed, warm_for_gates
+from harness.shared_server import OWNER_ENV, SESSION, STATE_ENV, ServerInfo
 
 USAGE = "usage: python -m harness.suite_session -- CMD [ARG...] [-- CMD [ARG...]]..."
 
@@ -57,7 +59,16 @@ Then = Callable[[Path, ServerInfo], object]  # what to start once the session's 
 
 
 def _start_regressed(state_dir: Path, session: ServerInfo) -> None:
-    acquire_regressed(state_dir, session.model_dir)
+    servers = {SESSION: session, **acquire_regressed(state_dir, session.model_dir)}
+    _say(f"the regressed servers are up; warming the gates' servers (bench output in {state_dir}/warmups.log)")
+    # The bench prints its tables on stdout; the pytest run's output is the console's.
+    try:
+        with open(state_dir / "warmups.log", "a") as log, contextlib.redirect_stdout(log):
+            done = warm_for_gates(servers, state_dir / "warmups")
+    except Exception as exc:  # the timing run's tests warm what is not marked warm, and report a broken server
+        _say(f"a warm-up failed ({exc}); the tests that need it will warm the server themselves")
+        return
+    _say(f"warmed: {', '.join(done) or 'nothing left to warm'}")
 
 
 def _start_in_background(state_dir: Path, start_server: Start, then: Then | None) -> threading.Thread:
@@ -69,7 +80,7 @@ def _start_in_background(state_dir: Path, start_server: Start, then: Then | None
             _say(f"the session's server is up after {time.monotonic() - began:.0f} s")
             if then is not None:
                 then(state_dir, session)
-                _say(f"the servers started after it are up, {time.monotonic() - began:.0f} s from the start")
+                _say(f"the servers started after it are up and warm, {time.monotonic() - began:.0f} s from the start")
         except Exception as exc:  # recorded in its state file by acquire(); the tests report it with the log
             _say(f"a server did not start: {exc}")
 

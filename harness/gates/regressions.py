@@ -2,21 +2,23 @@
 
 tests/perf_gates/ measures each against the committed `cpu-tiny` baseline and asserts that the gate flags its
 metric. They are declared here, not in the tests, because `make test` starts them early
-(harness.suite_session), during the parallel run, so the timing run measures instead of waiting: a start is
-~2 minutes on two cores, most of it one process compiling on one core.
+(harness.suite_session), during the parallel run, and warms them there (harness.gates.warmup), so the timing
+run only measures.
 
-The server without prefix caching is eager too (`--enforce-eager`): a vLLM start is the dearest thing in CI
-(five starts, four of them compiling, made it 21 minutes, 2026-12-02), an eager one skips torch.compile, and
-its gated metric, official-like's cache hit rate, is a count of cached prompt tokens that no execution mode
-changes. For the same reason it also serves the patch set's MoE substitution (`QWEN36_PATCH_MOE=1`), which a
-count of cached tokens cannot see either: tests/patches/test_moe_substitution_server.py compares its greedy
-outputs with the eager server's, whose command differs only by prefix caching, which serves no cached token
-to the test's prompts (it checks). That took the fifth start, a test's own copy of this server, out of CI.
-The eager regression keeps a server of its own: on the eager server with prefix caching off too, decode-micro's
-Output TPS P10 fell only 23.9% (run X, 2026-12-02; -33.7% and -34.6% with `--enforce-eager` alone in runs W
-and R), under what the gate could flag; whether the caching mode or the machine's drift did it, one run cannot
-say, and the eager regression's size is not worth the risk. The MoE substitution stays off on it, as on the
-session's server: whether it is slower or faster on the CPU would change the size of that regression.
+A vLLM start is the dearest thing in CI (process imports in three processes, and torch.compile unless eager),
+so the three regressions run on two servers, both eager:
+- `slow-steps` (`--enforce-eager --max-num-batched-tokens 16`): the slower decode and the slower prefill.
+  decode-micro measures its decode (every step op by op, no torch.compile); official-like its TTFT (a turn's
+  ~290 uncached tokens take ~18 eager steps of 16 tokens instead of one compiled step). One server for both
+  took a compiling start out of CI (2026-12-02: four starts, two compiling, made `make test` 1183-1224 s).
+- `no-cache` (`--no-enable-prefix-caching --enforce-eager`): official-like's cache hit rate, a count of cached
+  prompt tokens that no execution mode changes. It also serves the patch set's MoE substitution
+  (`QWEN36_PATCH_MOE=1`), which a count cannot see either: tests/patches/test_moe_substitution_server.py
+  compares its greedy outputs with `slow-steps`'s, on prompts shorter than one 16-token chunk, to which
+  prefix caching serves no cached token (it checks both).
+The MoE substitution stays off on `slow-steps`, as on the session's server: its speed on the CPU would change
+the size of the regressions measured there. Eager and no-cache on one server once weakened the decode
+regression to -23.9% (run X, 2026-12-02), so prefix caching stays on where speed is gated.
 """
 from __future__ import annotations
 
@@ -28,8 +30,10 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from harness import shared_server
+from harness.gates.measure import Warmup, warm
+from harness.gates.record import WARM_REPEATS
 from harness.server import ManagedServer, embedded_server
-from harness.shared_server import ServerInfo
+from harness.shared_server import SESSION, ServerInfo
 
 # A regressed server's KV cache: 1 GiB (1.6M tokens of the tiny model, 40 times the gate workload's), not the
 # session's 2, so that the session's server, these and the test workers fit in memory at once;
@@ -43,9 +47,6 @@ PREFILL_CHUNK_TOKENS = 16
 class InjectedRegression:
     name: str
     extra_args: tuple[str, ...]
-    # Start on the mirrored cores (harness.placement), so that a start compiling beside another one does so on
-    # the other core.
-    start_mirrored: bool = False
     # Environment for its processes beyond the session server's (name, value pairs).
     env: tuple[tuple[str, str], ...] = ()
 
@@ -54,20 +55,27 @@ class InjectedRegression:
 MOE_SWITCH = "QWEN36_PATCH_MOE"
 
 # The names the tests look the servers up by.
-EAGER = "eager"
+SLOW_STEPS = "slow-steps"
 NO_CACHE = "no-cache"
-SLOW_PREFILL = "slow-prefill"
 
 REGRESSIONS: tuple[InjectedRegression, ...] = (
-    # no torch.compile: every decode step runs op by op
-    InjectedRegression(EAGER, ("--enforce-eager",)),
+    # no torch.compile: every step runs op by op (a slower decode); at most 16 tokens a step: an official-like
+    # turn's ~290 uncached tokens take ~18 steps instead of one (a slower prefill)
+    InjectedRegression(SLOW_STEPS, ("--enforce-eager", "--max-num-batched-tokens", str(PREFILL_CHUNK_TOKENS))),
     # prefix caching off: every official-like prompt prefills in full (eager and the MoE substitution on as
     # well: see above)
     InjectedRegression(NO_CACHE, ("--no-enable-prefix-caching", "--enforce-eager"), env=((MOE_SWITCH, "1"),)),
-    # at most 16 tokens a step: an official-like turn's ~290 uncached tokens take ~18 steps instead of one;
-    # decode steps are unchanged
-    InjectedRegression(SLOW_PREFILL, ("--max-num-batched-tokens", str(PREFILL_CHUNK_TOKENS)), start_mirrored=True),
 )
+
+
+# The warm-ups the timing run's gates measure after (harness.gates.measure), by server: the control's on the
+# session's server is the gate preset twice, as when recording; slow-steps' decode test needs only the server's
+# first requests done (decode-micro's prompts are shorter than a KV block: no cache state), its prefill test
+# official-like's steady prefix cache, as recorded. `make test` runs them during its parallel run.
+CONTROL_WARMUP = Warmup(WARM_REPEATS)
+DECODE_WARMUP = Warmup(1, ("decode-micro",))
+PREFILL_WARMUP = Warmup(WARM_REPEATS, ("official-like",))
+WARMUPS: dict[str, tuple[Warmup, ...]] = {SESSION: (CONTROL_WARMUP,), SLOW_STEPS: (DECODE_WARMUP, PREFILL_WARMUP)}
 
 
 def by_name(name: str) -> InjectedRegression:
@@ -83,7 +91,7 @@ def regressed_server(regression: InjectedRegression, work_dir: Path, model_dir: 
     (`env` adds to the regression's own)."""
     env = {**dict(regression.env), **overrides.pop("env", {})}
     return embedded_server(work_dir, model_dir, log_path, extra_args=regression.extra_args,
-                           cpu_kvcache_gib=REGRESSED_KV_GIB, start_mirrored=regression.start_mirrored, env=env,
+                           cpu_kvcache_gib=REGRESSED_KV_GIB, env=env,
                            **overrides)
 
 
@@ -104,6 +112,17 @@ def acquire_regressed(state_dir: Path, model_dir: str | Path) -> dict[str, Serve
         futures = {r.name: pool.submit(shared_server.acquire, state_dir, starter(r, model_dir), r.name)
                    for r in REGRESSIONS}
     return {name: future.result() for name, future in futures.items()}
+
+
+def warm_for_gates(servers: dict[str, ServerInfo], out_root: Path) -> list[str]:
+    """Run WARMUPS on the servers of `servers` (by name) that have not had them, one after another (every
+    server's worker shares one core); returns the warm-ups run now, as `server: warm-up`."""
+    done = []
+    for name, warmups in WARMUPS.items():
+        for warmup in warmups:
+            if name in servers and warm(servers[name], warmup, out_root / name):
+                done.append(f"{name}: {warmup.name}")
+    return done
 
 
 @contextlib.contextmanager

@@ -1,14 +1,15 @@
 """End-to-end: the plugin's MoE substitution on the real tiny vLLM CPU server gives vLLM's greedy outputs.
 
 Both servers are harness.gates.regressions', started for the perf gates anyway (a start is the dearest thing in
-CI): "on" is the no-cache server, which has QWEN36_PATCH_MOE=1; "off" is the eager server, whose start command
-differs from it only by `--no-enable-prefix-caching` (checked), with the substitution off (read from its log).
-Prefix caching can change these requests' numbers only through cached tokens, and the "off" server must
-report none for every prompt. Both are eager: the expert layer is one opaque custom op to torch.compile either
-way, so the eager pair tests the same substitution as a compiled one. Requests are sequential and the "on"
-server is held (`exclusive`, so the no-cache gate's requests wait) so each server decodes with T=1
-(decode_fused) after a prefill of the prompt (sorted, or the tiny path for short prompts), which the "on"
-server's log must show ran.
+CI): "on" is the no-cache server, which has QWEN36_PATCH_MOE=1; "off" is the slow-steps server, with the
+substitution off (read from its log), whose start command differs from the "on" one only by prefix caching and
+its 16-token steps (checked). Neither can change these requests' numbers: every prompt is at most 16 tokens,
+so both servers prefill it in one step (checked from the usage), and the "off" server must report no cached
+token for any prompt. Both are eager: the expert layer is one opaque custom op to torch.compile either way, so
+the eager pair tests the same substitution as a compiled one. Requests are sequential and the "on" server is
+held (`exclusive`, so the no-cache gate's requests wait) so each server decodes with T=1 (decode_fused) after
+a prefill of the prompt (9-15 tokens: the sorted path), which the "on" server's log must show ran. Longer
+token counts of the sorted path are the numerics suite's (tests/numerics/test_moe_expert_paths.py).
 
 Rule: the top-1 tokens agree and every token's logprob agrees within LOGPROB_TOL nats, with one allowance:
 the sequences may part at a near-tie, a step where the "off" server's own top-2 logprobs (logprobs=2) are
@@ -28,7 +29,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.gates.regressions import EAGER, MOE_SWITCH, NO_CACHE, by_name, exclusive
+from harness.gates.regressions import MOE_SWITCH, NO_CACHE, PREFILL_CHUNK_TOKENS, SLOW_STEPS, by_name, exclusive
 from patches import moe_experts
 from patches.registry import PatchState, PatchStatus, format_table
 
@@ -36,10 +37,11 @@ pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 LOGPROB_TOL = 0.1
 MAX_TOKENS = 24
+# 9-15 tokens each with the tiny model's tokenizer: one prefill step on either server, T >= 9 (the sorted path).
 PROMPTS = (
     "Hello there, tell me a story.",
     "The capital of France is",
-    "1 2 3 4 5 6 7 8 9 10 " * 20,  # a longer prefill: the sorted path
+    "1 2 3 4 5 6 7 8 9 10 11 12",
     "def fibonacci(n):",
     "<tool_call> weather in Paris </tool_call>",
 )
@@ -54,7 +56,8 @@ def greedy(base_url: str, model: str) -> list[dict]:
         lp = r.json()["choices"][0]["logprobs"]
         details = r.json()["usage"].get("prompt_tokens_details") or {}
         out.append({"prompt": prompt, "tokens": lp["tokens"], "logprobs": lp["token_logprobs"],
-                    "top": lp["top_logprobs"], "cached_tokens": details.get("cached_tokens")})
+                    "top": lp["top_logprobs"], "cached_tokens": details.get("cached_tokens"),
+                    "prompt_tokens": r.json()["usage"]["prompt_tokens"]})
     return out
 
 
@@ -115,26 +118,34 @@ def _without_port(command: str) -> list[str]:
     return parts[:i] + parts[i + 2:]
 
 
-def test_the_on_server_is_the_no_cache_server_with_the_moe_switch_and_the_off_server_differs_by_caching():
+# What the "off" server's command has beyond the "on" one's, once the "on" one's prefix caching is taken out.
+OFF_ONLY = ["--max-num-batched-tokens", str(PREFILL_CHUNK_TOKENS)]
+
+
+def _on_command_as_off(on: list[str]) -> list[str]:
+    return [a for a in on if a != "--no-enable-prefix-caching"] + OFF_ONLY
+
+
+def test_the_on_server_is_the_no_cache_server_with_the_moe_switch_and_the_off_server_differs_by_caching_and_steps():
     assert MOE_SWITCH == moe_experts.PATCH.switch
-    on, off = by_name(NO_CACHE), by_name(EAGER)
+    on, off = by_name(NO_CACHE), by_name(SLOW_STEPS)
     assert dict(on.env) == {MOE_SWITCH: "1"} and not off.env
-    assert [a for a in on.extra_args if a != "--no-enable-prefix-caching"] == list(off.extra_args)
-    assert on.start_mirrored == off.start_mirrored
+    assert sorted(_on_command_as_off(list(on.extra_args))) == sorted(off.extra_args)
 
 
 def test_moe_substitution_on_gives_the_same_greedy_outputs_as_off(regressed_servers):
-    on_server, off_server = regressed_servers[NO_CACHE], regressed_servers[EAGER]
+    on_server, off_server = regressed_servers[NO_CACHE], regressed_servers[SLOW_STEPS]
     off_state = moe_state_in_log(Path(off_server.log_path).read_text(errors="replace"))
     assert off_state is not None, f"no moe_experts row in the off server's log {off_server.log_path}"
     if off_state != PatchState.OFF.value:
         pytest.skip(f"the off server's MoE substitution is {off_state}, not off (is {MOE_SWITCH} set?)")
-    on_command = [a for a in _without_port(on_server.command) if a != "--no-enable-prefix-caching"]
-    assert on_command == _without_port(off_server.command)
+    assert sorted(_on_command_as_off(_without_port(on_server.command))) == sorted(_without_port(off_server.command))
     off = greedy(off_server.base_url, off_server.model)
     with exclusive(on_server):
         on = greedy(on_server.base_url, off_server.model)
     assert [o["cached_tokens"] for o in off] == [0] * len(PROMPTS), "the off server served cached prompt tokens"
+    lengths = [o["prompt_tokens"] for o in off]
+    assert all(9 <= n <= PREFILL_CHUNK_TOKENS for n in lengths), f"prompt tokens {lengths}: not one sorted-path step"
     on_log = Path(on_server.log_path).read_text(errors="replace")
     assert moe_state_in_log(on_log) == PatchState.APPLIED.value
     assert "first call on path 'decode_fused'" in on_log  # the substitution really served the decode steps

@@ -2,16 +2,17 @@
 
 Runs alone after the parallel suite (`make test`: marker `timing`). A candidate is the `gate` preset (or the
 one workload of it whose metric the test is about: the gate then compares only that point) measured after
-warm-up repeats, CI_REPEATS times unless a test says why not, as the baseline's tolerances were sized for
-(`recorded.tolerances_sized_for` in fixtures/baselines/cpu-tiny.yaml). The regressions are the server's own,
-nothing between it and the client:
+its server's warm-ups (harness.gates.regressions.WARMUPS; `make test` runs them during the parallel run, so
+here they are usually done already), CI_REPEATS times unless a test says why not, as the baseline's
+tolerances were sized for (`recorded.tolerances_sized_for` in fixtures/baselines/cpu-tiny.yaml). The
+regressions are the server's own, nothing between it and the client:
 
 | test | what the server does differently | measured | gated metric that must be flagged |
 |---|---|---|---|
 | control | nothing (the session's server) | both points | none |
 | live path by URL | a by-URL profile of the control's runs; the session's server | both points | none (exit 0) |
-| slower decode | `--enforce-eager`: no torch.compile, every step op by op | decode-micro | output_tps_p10, weighted_throughput |
-| slower prefill | `--max-num-batched-tokens 16`: a prompt's uncached tokens prefill 16 a step | official-like | ttft_p90 |
+| slower decode | slow-steps: `--enforce-eager`, no torch.compile, every step op by op | decode-micro | output_tps_p10, weighted_throughput |
+| slower prefill | slow-steps: 16-token steps (`--max-num-batched-tokens 16`), eager | official-like | ttft_p90 |
 
 Prefix caching off (`--no-enable-prefix-caching`, cache_hit_rate; the server is eager too, which
 harness.gates.regressions explains) is test_gate_no_cache.py: a hit rate is a count the machine's load cannot
@@ -33,13 +34,13 @@ import pytest
 
 from harness.gates.baseline import load_baseline, save_baseline
 from harness.gates.gate import GateReport, gate, load_run, report_markdown, write_report
-from harness.gates.record import WARM_REPEATS, baseline_from_runs, for_url_clients
-from harness.gates.regressions import EAGER, SLOW_PREFILL
+from harness.gates.measure import Warmup, measure, warm
+from harness.gates.record import baseline_from_runs, for_url_clients
+from harness.gates.regressions import CONTROL_WARMUP, DECODE_WARMUP, PREFILL_WARMUP, SLOW_STEPS
 from harness.metrics import Scoring
 from harness.placement import client_on
 from harness.shared_server import ServerInfo
 from tests.perf_gates.live_gate import live_gate
-from tests.perf_gates.measure import measure
 
 pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.timing,
               pytest.mark.usefixtures("embedded_server_only")]
@@ -51,12 +52,12 @@ CI_REPEATS = 3
 SLOW_REPEATS = 5
 
 
-def measure_candidate(server: ServerInfo, root: Path, label: str, repeats: int = CI_REPEATS,
-                      warmups: int = WARM_REPEATS, datasets: tuple[str, ...] | None = None) -> Path:
-    """`warmups` warm-up repeats (the prefix cache's steady state, as when recording), then `repeats`."""
-    if warmups:
-        measure(server, root, f"{label}-warmup", repeats=warmups, datasets=datasets)
-    return measure(server, root, label, repeats=repeats, datasets=datasets)
+def measure_candidate(server: ServerInfo, root: Path, label: str, warmup: Warmup, repeats: int = CI_REPEATS) -> Path:
+    """`warmup` unless the server has had it (the prefix cache's steady state, as when recording), then
+    `repeats` of the warm-up's workloads."""
+    ran_now = warm(server, warmup, root)
+    print(f"\n{label}: warm-up {warmup.name} {'run now' if ran_now else 'done before (make test: parallel run)'}")
+    return measure(server, root, label, repeats=repeats, preset=warmup.preset, datasets=warmup.datasets)
 
 
 def gate_report(run: Path, accept: tuple[str, ...] = ()) -> GateReport:
@@ -72,7 +73,7 @@ def flagged(report: GateReport) -> set[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def control_run(openai_server, tmp_path_factory) -> Path:
-    return measure_candidate(openai_server, tmp_path_factory.mktemp("control"), "control")
+    return measure_candidate(openai_server, tmp_path_factory.mktemp("control"), "control", CONTROL_WARMUP)
 
 
 def test_same_setup_control_passes_against_the_committed_baseline(control_run):
@@ -115,10 +116,10 @@ def test_live_gate_by_url_passes_on_its_own_profile(openai_server, by_url_baseli
 
 
 def test_slower_decode_is_caught_on_output_tps_and_weighted_throughput(regressed_servers, tmp_path):
-    # decode-micro alone: its 64-token answers are the decode measure, and its prompts are shorter than one
-    # KV block, so no prefix cache state needs warming (one warm-up repeat for the server's first requests).
-    run = measure_candidate(regressed_servers[EAGER], tmp_path, "eager", repeats=SLOW_REPEATS, warmups=1,
-                            datasets=("decode-micro",))
+    # decode-micro alone: its 64-token answers are the decode measure. Its ~25-token prompts prefill in two
+    # 16-token steps on this server instead of one, 2 of a request's ~66 steps: the decode steps are the change.
+    run = measure_candidate(regressed_servers[SLOW_STEPS], tmp_path, "slow-decode", DECODE_WARMUP,
+                            repeats=SLOW_REPEATS)
     report = gate_report(run, accept=("server_args",))
     assert {("decode-micro@c2", "output_tps_p10"), ("decode-micro@c2", "weighted_throughput")} <= flagged(report), \
         report_markdown(report)
@@ -127,12 +128,10 @@ def test_slower_decode_is_caught_on_output_tps_and_weighted_throughput(regressed
 def test_slower_prefill_is_caught_on_ttft(regressed_servers, tmp_path):
     # official-like alone: the point whose TTFT is a prefill (decode-micro's is mostly the other stream's
     # decode step). Its hit rate rises with small chunks (the recurrent state is cached at more step ends),
-    # so the cache cannot be what slows it. One measured repeat after the warm-ups, as for the no-cache server:
-    # the change was +98% to +128% in every run so far against a 20% tolerance, so the baseline's repeats
-    # can hold the noise (a repeat here is ~17 s of CI). One warm-up, not two: its hit rate is then 0.9265, not
-    # the steady 0.944, which can only raise the TTFT this test flags.
-    run = measure_candidate(regressed_servers[SLOW_PREFILL], tmp_path, "slow-prefill", repeats=1, warmups=1,
-                            datasets=("official-like",))
+    # so the cache cannot be what slows it. One measured repeat after the warm-ups: the change is several
+    # times the 20% tolerance (+78% to +128% with 16-token steps alone, compiled, before 2026-12-02), so the
+    # baseline's repeats can hold the noise.
+    run = measure_candidate(regressed_servers[SLOW_STEPS], tmp_path, "slow-prefill", PREFILL_WARMUP, repeats=1)
     report = gate_report(run, accept=("server_args",))
     assert ("official-like@c1", "ttft_p90") in flagged(report), report_markdown(report)
 

@@ -5,14 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.gates.regressions import EAGER, MOE_SWITCH, NO_CACHE, by_name, exclusive, regressed_server
+from harness.gates.regressions import MOE_SWITCH, SLOW_STEPS, NO_CACHE, by_name, exclusive, regressed_server
 from harness.shared_server import ServerInfo
 
 
 def test_a_regressions_env_reaches_its_server_and_an_override_adds_to_it(tmp_path):
     server = regressed_server(by_name(NO_CACHE), tmp_path, tmp_path, tmp_path / "s.log", env={"EXTRA": "x"})
     assert server.cfg.env[MOE_SWITCH] == "1" and server.cfg.env["EXTRA"] == "x"
-    assert MOE_SWITCH not in regressed_server(by_name(EAGER), tmp_path, tmp_path, tmp_path / "e.log").cfg.env
+    assert MOE_SWITCH not in regressed_server(by_name(SLOW_STEPS), tmp_path, tmp_path, tmp_path / "e.log").cfg.env
 
 
 def _try_lock(path: Path) -> bool:
