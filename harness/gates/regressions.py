@@ -2,7 +2,7 @@
 
 tests/perf_gates/ measures each against the committed `cpu-tiny` baseline and asserts that the gate flags its
 metric. They are declared here, not in the tests, because `make test` starts them early
-(harness.suite_session), during the parallel run, and warms them there (harness.gates.warmup), so the timing
+(harness.suite_session), during the parallel run, and warms them there (harness.gates.measure), so the timing
 run only measures.
 
 A vLLM start is the dearest thing in CI (process imports in three processes, and torch.compile unless eager),
@@ -68,14 +68,13 @@ REGRESSIONS: tuple[InjectedRegression, ...] = (
 )
 
 
-# The warm-ups the timing run's gates measure after (harness.gates.measure), by server: the control's on the
-# session's server is the gate preset twice, as when recording; slow-steps' decode test needs only the server's
-# first requests done (decode-micro's prompts are shorter than a KV block: no cache state), its prefill test
-# official-like's steady prefix cache, as recorded. `make test` runs them during its parallel run.
-CONTROL_WARMUP = Warmup(WARM_REPEATS)
-DECODE_WARMUP = Warmup(1, ("decode-micro",))
+# The warm-ups the timing run's gates measure after (harness.gates.measure), by server: official-like twice, the
+# prefix cache's steady state the baseline was recorded in, on the session's server (the control) and on
+# slow-steps (its prefill test). decode-micro needs none: its prompts are shorter than a KV block (no cache
+# state), and each repeat sends its own warm-up requests first. `make test` runs them during its parallel run.
+CONTROL_WARMUP = Warmup(WARM_REPEATS, ("official-like",))
 PREFILL_WARMUP = Warmup(WARM_REPEATS, ("official-like",))
-WARMUPS: dict[str, tuple[Warmup, ...]] = {SESSION: (CONTROL_WARMUP,), SLOW_STEPS: (DECODE_WARMUP, PREFILL_WARMUP)}
+WARMUPS: dict[str, tuple[Warmup, ...]] = {SESSION: (CONTROL_WARMUP,), SLOW_STEPS: (PREFILL_WARMUP,)}
 
 
 def by_name(name: str) -> InjectedRegression:

@@ -4,7 +4,7 @@ cache hit rate, and the live gate's pytest exits 1.
 This is the live path's failing side (`tests/perf_gates/test_gate_live.py` in a nested pytest that knows the
 server only by its URL and the model's tokenizer; the two identity fields such a client cannot see are
 accepted, as docs/perf-gates.md tells a user to) and the committed baseline's prefix-caching regression at
-once. Its passing side is test_gate_tiny_server.py's `test_live_gate_by_url_passes_on_its_own_profile`.
+once. Its passing side is test_gate_tiny_server.py's control, the same command against the session's server.
 
 The server is harness.gates.regressions' no-cache: `--enforce-eager` and the MoE substitution on as well,
 which a count of cached tokens cannot see. The MoE substitution test uses it too; each holds it (`exclusive`)
@@ -13,8 +13,9 @@ while it sends requests.
 Not a `timing` test: the hit rate is the server's count of cached prompt tokens, which the machine's load
 cannot change (official-like: 94.4% with the cache, 0% without). So it runs in `make test`'s parallel run, and
 its full prefills are not paid in the timing run
-(220-240 s there in runs BB-EE, 2026-12-02, with the MoE substitution on; 91-147 s with it off). Only the hit rate is asserted: the TTFT P90 this
-run measures (+1348% in run R, quiet) would carry the parallel run's load too; a slower prefill on TTFT is
+(220-260 s in the parallel run, beside the session server's tests, in runs BB-EE and A2-B2 of
+reports/ci-2026-12-02.md). Only the hit rate is asserted: the TTFT P90 this run measures would carry the parallel
+run's load too; a slower prefill on TTFT is
 test_gate_tiny_server.py's `test_slower_prefill_is_caught_on_ttft`, measured alone.
 """
 from __future__ import annotations
