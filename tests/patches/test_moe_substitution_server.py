@@ -1,15 +1,16 @@
 """End-to-end: the plugin's MoE substitution on the real tiny vLLM CPU server gives vLLM's greedy outputs.
 
 Both servers are harness.gates.regressions', started for the perf gates anyway (a start is the dearest thing in
-CI): "on" is the no-cache server, which has QWEN36_PATCH_MOE=1; "off" is the slow-steps server, with the
+CI): "on" is the slow-steps server, which has QWEN36_PATCH_MOE=1; "off" is the no-cache server, with the
 substitution off (read from its log), whose start command differs from the "on" one only by prefix caching and
-its 16-token steps (checked). Neither can change these requests' numbers: every prompt is at most 16 tokens,
-so both servers prefill it in one step (checked from the usage), and the "off" server must report no cached
-token for any prompt. Both are eager: the expert layer is one opaque custom op to torch.compile either way, so
-the eager pair tests the same substitution as a compiled one. Requests are sequential and the "on" server is
-held (`exclusive`, so the no-cache gate's requests wait) so each server decodes with T=1 (decode_fused) after
-a prefill of the prompt (9-15 tokens: the sorted path), which the "on" server's log must show ran. Longer
-token counts of the sorted path are the numerics suite's (tests/numerics/test_moe_expert_paths.py).
+16-token steps (checked). Neither can change these requests' numbers: every prompt is at most 16 tokens, so
+both servers prefill it in one step (checked from the usage), and the "off" server caches nothing (it must
+report no cached token). Both are eager: the expert layer is one opaque custom op to torch.compile either way,
+so the eager pair tests the same substitution as a compiled one. Requests are sequential and each server is
+held while the test sends them (`exclusive`: the no-cache gate's requests and the slow-steps warm-ups wait),
+so each server decodes with T=1 (decode_fused) after a prefill of the prompt (9-15 tokens: the sorted path),
+which the "on" server's log must show ran. Longer token counts of the sorted path are the numerics suite's
+(tests/numerics/test_moe_expert_paths.py).
 
 Rule: the top-1 tokens agree and every token's logprob agrees within LOGPROB_TOL nats, with one allowance:
 the sequences may part at a near-tie, a step where the "off" server's own top-2 logprobs (logprobs=2) are
@@ -118,29 +119,30 @@ def _without_port(command: str) -> list[str]:
     return parts[:i] + parts[i + 2:]
 
 
-# What the "off" server's command has beyond the "on" one's, once the "on" one's prefix caching is taken out.
-OFF_ONLY = ["--max-num-batched-tokens", str(PREFILL_CHUNK_TOKENS)]
+# What the "on" server's command has beyond the "off" one's, once the "off" one's prefix caching is taken out.
+ON_ONLY = ["--max-num-batched-tokens", str(PREFILL_CHUNK_TOKENS)]
 
 
-def _on_command_as_off(on: list[str]) -> list[str]:
-    return [a for a in on if a != "--no-enable-prefix-caching"] + OFF_ONLY
+def _off_command_as_on(off: list[str]) -> list[str]:
+    return [a for a in off if a != "--no-enable-prefix-caching"] + ON_ONLY
 
 
-def test_the_on_server_is_the_no_cache_server_with_the_moe_switch_and_the_off_server_differs_by_caching_and_steps():
+def test_the_on_server_is_slow_steps_with_the_moe_switch_and_the_off_server_differs_by_caching_and_steps():
     assert MOE_SWITCH == moe_experts.PATCH.switch
-    on, off = by_name(NO_CACHE), by_name(SLOW_STEPS)
+    on, off = by_name(SLOW_STEPS), by_name(NO_CACHE)
     assert dict(on.env) == {MOE_SWITCH: "1"} and not off.env
-    assert sorted(_on_command_as_off(list(on.extra_args))) == sorted(off.extra_args)
+    assert sorted(_off_command_as_on(list(off.extra_args))) == sorted(on.extra_args)
 
 
 def test_moe_substitution_on_gives_the_same_greedy_outputs_as_off(regressed_servers):
-    on_server, off_server = regressed_servers[NO_CACHE], regressed_servers[SLOW_STEPS]
+    on_server, off_server = regressed_servers[SLOW_STEPS], regressed_servers[NO_CACHE]
     off_state = moe_state_in_log(Path(off_server.log_path).read_text(errors="replace"))
     assert off_state is not None, f"no moe_experts row in the off server's log {off_server.log_path}"
     if off_state != PatchState.OFF.value:
         pytest.skip(f"the off server's MoE substitution is {off_state}, not off (is {MOE_SWITCH} set?)")
-    assert sorted(_on_command_as_off(_without_port(on_server.command))) == sorted(_without_port(off_server.command))
-    off = greedy(off_server.base_url, off_server.model)
+    assert sorted(_off_command_as_on(_without_port(off_server.command))) == sorted(_without_port(on_server.command))
+    with exclusive(off_server):
+        off = greedy(off_server.base_url, off_server.model)
     with exclusive(on_server):
         on = greedy(on_server.base_url, off_server.model)
     assert [o["cached_tokens"] for o in off] == [0] * len(PROMPTS), "the off server served cached prompt tokens"

@@ -6,14 +6,14 @@ server only by its URL and the model's tokenizer; the two identity fields such a
 accepted, as docs/perf-gates.md tells a user to) and the committed baseline's prefix-caching regression at
 once. Its passing side is test_gate_tiny_server.py's control, the same command against the session's server.
 
-The server is harness.gates.regressions' no-cache: `--enforce-eager` and the MoE substitution on as well,
-which a count of cached tokens cannot see. The MoE substitution test uses it too; each holds it (`exclusive`)
+The server is harness.gates.regressions' no-cache: `--enforce-eager` as well, which a count of cached tokens
+cannot see. The MoE substitution test uses it too (its "off" side); each holds it (`exclusive`)
 while it sends requests.
 
 Not a `timing` test: the hit rate is the server's count of cached prompt tokens, which the machine's load
 cannot change (official-like: 94.4% with the cache, 0% without). So it runs in `make test`'s parallel run, and
 its full prefills are not paid in the timing run
-(220-260 s in the parallel run, beside the session server's tests, in runs BB-EE and A2-B2 of
+(220-260 s in the parallel run, beside the session server's tests, in runs BB-EE and FF-GG of
 reports/ci-2026-12-02.md). Only the hit rate is asserted: the TTFT P90 this run measures would carry the parallel
 run's load too; a slower prefill on TTFT is
 test_gate_tiny_server.py's `test_slower_prefill_is_caught_on_ttft`, measured alone.
