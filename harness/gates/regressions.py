@@ -9,13 +9,12 @@ A vLLM start is the dearest thing in CI (process imports in three processes, and
 so the three regressions run on two servers, both eager:
 - `slow-steps` (`--enforce-eager --max-num-batched-tokens 16`, the patch set's MoE substitution on): the slower
   decode and the slower prefill. decode-micro measures its decode: every step op by op (no torch.compile),
-  and the routed experts through model.moe's torch paths (`QWEN36_PATCH_MOE=1`), which on this CPU's bf16 are
-  slower than vLLM's CPU MoE kernel: the issue's own example of "the MoE substitution forced onto a slower
-  correct path". official-like measures its TTFT: a turn's ~290 uncached tokens take ~18 such steps of 16
-  tokens instead of one compiled step. One server for both took a compiling start out of CI (2026-12-02:
-  four starts, two compiling, made `make test` 1183-1224 s). The decode regression has to stand out of the
-  machine's drift as well as the 20% tolerance: eager alone measured -32% to -42% against the session's
-  server in the same runs, and this 2-core VM's speed moved by 25% within hours (fixtures/baselines/cpu-tiny.yaml).
+  and the routed experts through model.moe's torch paths (`QWEN36_PATCH_MOE=1`; the issue's own example of
+  "the MoE substitution forced onto a slower correct path"). official-like measures its TTFT: a turn's ~290
+  uncached tokens take ~18 such steps of 16 tokens instead of one compiled step. One server for both took a
+  compiling start out of CI (2026-12-02: four starts, two compiling, made `make test` 1183-1224 s). Measured
+  against the session's server in the same run, its decode-micro Output TPS P10 was 36.2% lower (run II,
+  2026-12-02); with the substitution off 34.5% and 35.6% (GG, HH): it adds little at T=1-2 on the CPU.
 - `no-cache` (`--no-enable-prefix-caching --enforce-eager`): official-like's cache hit rate, a count of cached
   prompt tokens that no execution mode changes.
 tests/patches/test_moe_substitution_server.py compares `slow-steps`'s greedy outputs (substitution on) with
