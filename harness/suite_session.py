@@ -10,9 +10,9 @@ last) and the timing run finds them up and warm; both runs share them through `h
 they are ended here, when the last command is done, on failure or Ctrl-C too.
 
 The commands run in order; the first that fails stops the rest and gives its exit code. The first runs
-while the servers start; each later one waits until every start is over, as it measures time (a start
-beside a measurement slowed the perf gates' control by 40%), and so does a warm-up. With `--server-url` in a command nothing is
-started: that run measures the server it names.
+while the servers start; each later one waits until every start and warm-up is over, as it measures time (a
+start beside a measurement slowed the perf gates' control by 40%). With `--server-url` in a command nothing
+is started: that run measures the server it names.
 """
 from __future__ import annotations
 
