@@ -19,16 +19,15 @@ from harness.bench import PRESETS, BenchConfig, run_bench
 from harness.shared_server import ServerInfo
 
 
-def measure(server: ServerInfo, out_root: Path, label: str, repeats: int = 1, base_url: str | None = None,
-            preset: str = "gate", datasets: tuple[str, ...] | None = None) -> Path:
+def measure(server: ServerInfo, out_root: Path, label: str, repeats: int = 1, preset: str = "gate",
+            datasets: tuple[str, ...] | None = None) -> Path:
     """Run the preset's workloads (only `datasets`, if given: a gate then compares just their points) and return
-    the run directory. `base_url` overrides the server's URL (a proxy in front of it); the manifest still
-    describes the server itself, so the run stays comparable."""
+    the run directory; the manifest describes the server (its command and model files), so runs compare."""
     workloads = tuple(w for w in PRESETS[preset] if datasets is None or w.dataset in datasets)
     if not workloads:
         raise ValueError(f"preset {preset!r} has no workload of {datasets}")
     cfg = BenchConfig(
-        workloads=workloads, base_url=base_url or server.base_url, model=server.model, repeats=repeats,
+        workloads=workloads, base_url=server.base_url, model=server.model, repeats=repeats,
         out_root=out_root, label=label, show_progress=False, server_command=server.command,
         model_dir=Path(server.model_dir) if server.model_dir else None, client_cpus=server.client_cpus,
     )
@@ -55,11 +54,14 @@ def warm(server: ServerInfo, warmup: Warmup, out_root: Path) -> bool:
     """Run `warmup` against `server` unless it has had it; True when it ran now. Two processes asking at once
     take turns (a lock beside the server's log), so the second finds it done. A server without a log (known
     by URL only) is warmed every time: nothing here can know its state."""
+    def run() -> Path:
+        return measure(server, out_root, f"warmup-{warmup.name}", repeats=warmup.repeats, preset=warmup.preset,
+                       datasets=warmup.datasets)
+
     if warmup.repeats < 1:
         return False
     if not server.log_path:
-        measure(server, out_root, f"warmup-{warmup.name}", repeats=warmup.repeats, preset=warmup.preset,
-                datasets=warmup.datasets)
+        run()
         return True
     marker = _marker(server, warmup)
     with open(marker.with_suffix(".lock"), "a") as lock:
@@ -67,9 +69,7 @@ def warm(server: ServerInfo, warmup: Warmup, out_root: Path) -> bool:
         try:
             if marker.exists():
                 return False
-            run = measure(server, out_root, f"warmup-{warmup.name}", repeats=warmup.repeats,
-                          preset=warmup.preset, datasets=warmup.datasets)
-            marker.write_text(json.dumps({**asdict(warmup), "run": str(run)}))
+            marker.write_text(json.dumps({**asdict(warmup), "run": str(run())}))
             return True
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)

@@ -74,9 +74,8 @@ REGRESSIONS: tuple[InjectedRegression, ...] = (
 # prefix cache's steady state the baseline was recorded in, on the session's server (the control) and on
 # slow-steps (its prefill test). decode-micro needs none: its prompts are shorter than a KV block (no cache
 # state), and each repeat sends its own warm-up requests first. `make test` runs them during its parallel run.
-CONTROL_WARMUP = Warmup(WARM_REPEATS, ("official-like",))
-PREFILL_WARMUP = Warmup(WARM_REPEATS, ("official-like",))
-WARMUPS: dict[str, tuple[Warmup, ...]] = {SESSION: (CONTROL_WARMUP,), SLOW_STEPS: (PREFILL_WARMUP,)}
+STEADY_PREFIX_CACHE = Warmup(WARM_REPEATS, ("official-like",))
+WARMUPS: dict[str, tuple[Warmup, ...]] = {SESSION: (STEADY_PREFIX_CACHE,), SLOW_STEPS: (STEADY_PREFIX_CACHE,)}
 
 
 def by_name(name: str) -> InjectedRegression:
@@ -120,9 +119,9 @@ def warm_for_gates(servers: dict[str, ServerInfo], out_root: Path) -> list[str]:
     server's worker shares one core); returns the warm-ups run now, as `server: warm-up`."""
     done = []
     for name, warmups in WARMUPS.items():
+        if name not in servers:
+            continue
         for warmup in warmups:
-            if name not in servers:
-                continue
             with exclusive(servers[name]):  # the MoE test's sequential requests must not share its batches
                 if warm(servers[name], warmup, out_root / name):
                     done.append(f"{name}: {warmup.name}")

@@ -36,7 +36,7 @@ from harness.gates.gate import GateReport, gate, load_run, report_markdown, writ
 from harness.gates.identity import identity_differences, normalise_server_args
 from harness.gates.measure import Warmup, measure, warm
 from harness.gates.record import UNSEEN_BY_URL
-from harness.gates.regressions import CONTROL_WARMUP, PREFILL_WARMUP, SLOW_STEPS
+from harness.gates.regressions import SLOW_STEPS, STEADY_PREFIX_CACHE
 from harness.metrics import Scoring
 from harness.placement import client_on
 from harness.shared_server import ServerInfo
@@ -89,7 +89,7 @@ def test_same_setup_control_passes_by_url_against_the_committed_baseline(openai_
     that knows the server only by its URL and the model's tokenizer) against the committed `cpu-tiny`, recorded
     on the embedded server of this setup: every gated metric's test passes. Its failing side is
     test_gate_no_cache.py, the same command against the server without prefix caching."""
-    warm(openai_server, CONTROL_WARMUP, tmp_path)
+    warm(openai_server, STEADY_PREFIX_CACHE, tmp_path)
     with client_on(openai_server.client_cpus):  # the nested pytest inherits this process's cores
         control = live_gate(openai_server.base_url, PROFILE, tmp_path / "control", CI_REPEATS,
                             Path(openai_server.model_dir), accept=UNSEEN_BY_URL)
@@ -102,8 +102,9 @@ def test_same_setup_control_passes_by_url_against_the_committed_baseline(openai_
 
 
 def test_slower_decode_is_caught_on_output_tps_and_weighted_throughput(regressed_servers, tmp_path):
-    # decode-micro alone: its 64-token answers are the decode measure. Its ~25-token prompts prefill in two
-    # 16-token steps on this server instead of one, 2 of a request's ~66 steps: the decode steps are the change.
+    # decode-micro alone: its 64-token answers are the decode measure. Its 34-44-token prompts (run KK's
+    # requests.jsonl) prefill in three 16-token steps on this server instead of one, 3 of a request's ~67
+    # steps: the decode steps are the change.
     # No warm-up repeat: decode-micro's prompts are shorter than a KV block (no cache state) and each repeat
     # sends its own warm-up requests first.
     run = measure_candidate(regressed_servers[SLOW_STEPS], tmp_path, "slow-decode", ("decode-micro",),
@@ -120,7 +121,7 @@ def test_slower_prefill_is_caught_on_ttft(regressed_servers, tmp_path):
     # times the 20% tolerance (+78% to +128% with 16-token steps alone, compiled, before 2026-12-02), so the
     # baseline's repeats can hold the noise.
     run = measure_candidate(regressed_servers[SLOW_STEPS], tmp_path, "slow-prefill", ("official-like",),
-                            PREFILL_WARMUP, repeats=1)
+                            STEADY_PREFIX_CACHE, repeats=1)
     report = gate_report(run, accept=("server_args",))
     assert ("official-like@c1", "ttft_p90") in flagged(report), report_markdown(report)
 

@@ -57,7 +57,7 @@ def test_make_test_warms_every_measured_server_with_what_its_gate_tests_ask(benc
     servers = {name: ServerInfo(f"http://127.0.0.1:{i}", "m", log_path=str(tmp_path / f"{name}.log"))
                for i, name in enumerate((SESSION, regressions.SLOW_STEPS, regressions.NO_CACHE), start=1)}
     done = regressions.warm_for_gates(servers, tmp_path / "warmups")
-    assert done == [f"{SESSION}: {regressions.CONTROL_WARMUP.name}",
-                    f"{regressions.SLOW_STEPS}: {regressions.PREFILL_WARMUP.name}"]
+    assert done == [f"{SESSION}: {regressions.STEADY_PREFIX_CACHE.name}",
+                    f"{regressions.SLOW_STEPS}: {regressions.STEADY_PREFIX_CACHE.name}"]
     assert regressions.warm_for_gates(servers, tmp_path / "warmups") == []  # the timing run finds them done
     assert "http://127.0.0.1:3" not in {url for url, *_ in bench_calls}  # no-cache's gate needs no warm cache
