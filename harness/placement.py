@@ -36,9 +36,9 @@ class CpuLayout:
         return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, self.worker))}
 
     def mirrored(self) -> "CpuLayout":
-        """The two-core layout on swapped cores (worker and engine on the second, frontend on the first): for
-        a second server whose work should not queue behind the first's on one core. Other layouts are their
-        own mirror: swapping would change the worker's thread count."""
+        """The two-core layout on swapped cores (worker and engine on the second, frontend on the first):
+        where a second server starts while another starts, so the two compile on different cores. Other
+        layouts are their own mirror: swapping would change the worker's thread count."""
         if self.worker != self.engine or len(self.worker) != len(self.frontend):
             return self
         return CpuLayout(worker=self.frontend, engine=self.frontend, frontend=self.worker)

@@ -53,10 +53,10 @@ class ServerConfig:
     # Place the engine core with the worker and the API server (and our client) on another core: on a
     # 2-core machine this is what keeps streams from stalling (harness/placement.py). vLLM commands only.
     place_processes: bool = True
-    # The layout on swapped cores (worker and engine core on the second, API server and client on the first),
-    # from the start and for good: a server that is never timed, so that its work and the timed servers' do not
-    # queue on one core (harness.gates.regressions' no-cache server).
-    mirrored_layout: bool = False
+    # Start on the mirrored layout, then move every process, the worker too, to the layout once ready: two
+    # servers starting together then compile on different cores (their workers' torch.compile is most of a
+    # start and runs on the worker's core).
+    start_mirrored: bool = False
 
 
 def embedded_config(model_dir: Path | str, **overrides) -> ServerConfig:
@@ -139,9 +139,9 @@ class ManagedServer:
         self.command = build_command(cfg, self.port)
         self.proc: subprocess.Popen | None = None
         self._known_descendants: dict[int, psutil.Process] = {}
-        layout = (plan_layout() if cfg.place_processes and cfg.command is None
-                  and "VLLM_CPU_OMP_THREADS_BIND" not in {**os.environ, **cfg.env} else None)
-        self.layout: CpuLayout | None = layout.mirrored() if layout and cfg.mirrored_layout else layout
+        self.layout: CpuLayout | None = (
+            plan_layout() if cfg.place_processes and cfg.command is None
+            and "VLLM_CPU_OMP_THREADS_BIND" not in {**os.environ, **cfg.env} else None)
 
     @property
     def client_cpus(self) -> tuple[int, ...] | None:
@@ -158,8 +158,9 @@ class ManagedServer:
 
     def start(self) -> "ManagedServer":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        start_layout = self.layout.mirrored() if self.layout and self.cfg.start_mirrored else self.layout
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.cfg.cpu_kvcache_gib),
-               **(self.layout.server_env() if self.layout else {}), **self.cfg.env}
+               **(start_layout.server_env() if start_layout else {}), **self.cfg.env}
         with open(self.log_path, "ab") as log:
             log.write(f"$ {self.command_line}\n".encode())
             log.flush()
@@ -184,7 +185,7 @@ class ManagedServer:
         """After readiness every process exists: move them to the layout and say so in the log."""
         if self.layout is None:
             return
-        placed = apply_to_server(self.proc.pid, self.layout)  # the worker: vLLM bound it already
+        placed = apply_to_server(self.proc.pid, self.layout, move_worker=self.cfg.start_mirrored)
         with open(self.log_path, "a") as log:
             log.write(f"qwen36: process placement ({self.layout.describe()}): {placed}\n")
 

@@ -16,8 +16,7 @@ so the three regressions run on two servers, both eager:
   against the session's server in the same run, its decode-micro Output TPS P10 was 36.2% lower (run II,
   2026-12-02); with the substitution off 34.5% and 35.6% (GG, HH): it adds little at T=1-2 on the CPU.
 - `no-cache` (`--no-enable-prefix-caching --enforce-eager`): official-like's cache hit rate, a count of cached
-  prompt tokens that no execution mode changes. Never timed, so it runs on the other core than the session's
-  server and slow-steps (the mirrored layout), where its full prefills do not queue behind theirs.
+  prompt tokens that no execution mode changes.
 tests/patches/test_moe_substitution_server.py compares `slow-steps`'s greedy outputs (substitution on) with
 `no-cache`'s (off), on prompts shorter than one 16-token step, which `no-cache` cannot serve from a cache.
 Eager and no-cache on one server once weakened the decode regression to -23.9% (run X, 2026-12-02), so prefix
@@ -52,9 +51,6 @@ class InjectedRegression:
     extra_args: tuple[str, ...]
     # Environment for its processes beyond the session server's (name, value pairs).
     env: tuple[tuple[str, str], ...] = ()
-    # Worker and engine core on the other core than the session's server (harness.placement's mirrored layout):
-    # for a server that is never timed, so that its work does not queue behind the timed servers' on one core.
-    mirrored_layout: bool = False
 
 
 # The patch set's MoE substitution switch (patches/catalog.py), on in the slow-steps server.
@@ -69,10 +65,8 @@ REGRESSIONS: tuple[InjectedRegression, ...] = (
     # at most 16 tokens a step: an official-like turn's ~290 uncached tokens take ~18 steps (a slower prefill)
     InjectedRegression(SLOW_STEPS, ("--enforce-eager", "--max-num-batched-tokens", str(PREFILL_CHUNK_TOKENS)),
                        env=((MOE_SWITCH, "1"),)),
-    # prefix caching off: every official-like prompt prefills in full (eager as well: see above). Its gate
-    # counts cached tokens and runs in the parallel run, so it is never timed: on the mirrored layout its
-    # full prefills (8 of 5-6K tokens) and its worker's busy-waiting leave the other servers' core alone.
-    InjectedRegression(NO_CACHE, ("--no-enable-prefix-caching", "--enforce-eager"), mirrored_layout=True),
+    # prefix caching off: every official-like prompt prefills in full (eager as well: see above)
+    InjectedRegression(NO_CACHE, ("--no-enable-prefix-caching", "--enforce-eager")),
 )
 
 
@@ -97,7 +91,7 @@ def regressed_server(regression: InjectedRegression, work_dir: Path, model_dir: 
     (`env` adds to the regression's own)."""
     env = {**dict(regression.env), **overrides.pop("env", {})}
     return embedded_server(work_dir, model_dir, log_path, extra_args=regression.extra_args,
-                           cpu_kvcache_gib=REGRESSED_KV_GIB, env=env, mirrored_layout=regression.mirrored_layout,
+                           cpu_kvcache_gib=REGRESSED_KV_GIB, env=env,
                            **overrides)
 
 

@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 from harness.gates.regressions import MOE_SWITCH, SLOW_STEPS, NO_CACHE, by_name, exclusive, regressed_server
-from harness.placement import CpuLayout, plan_layout
 from harness.shared_server import ServerInfo
 
 
@@ -14,17 +13,6 @@ def test_a_regressions_env_reaches_its_server_and_an_override_adds_to_it(tmp_pat
     server = regressed_server(by_name(SLOW_STEPS), tmp_path, tmp_path, tmp_path / "s.log", env={"EXTRA": "x"})
     assert server.cfg.env[MOE_SWITCH] == "1" and server.cfg.env["EXTRA"] == "x"
     assert MOE_SWITCH not in regressed_server(by_name(NO_CACHE), tmp_path, tmp_path, tmp_path / "e.log").cfg.env
-
-
-def test_the_untimed_no_cache_server_runs_on_the_other_core_than_the_timed_ones(tmp_path, monkeypatch):
-    import harness.server
-
-    monkeypatch.setattr(harness.server, "plan_layout", lambda: plan_layout([0, 1]))
-    slow, no_cache = (regressed_server(by_name(name), tmp_path, tmp_path, tmp_path / f"{name}.log")
-                      for name in (SLOW_STEPS, NO_CACHE))
-    assert slow.layout == plan_layout([0, 1])  # the session server's layout, as cpu-tiny was recorded on
-    assert no_cache.layout == CpuLayout(worker=(1,), engine=(1,), frontend=(0,))
-    assert no_cache.client_cpus == (0,)
 
 
 def _try_lock(path: Path) -> bool:
