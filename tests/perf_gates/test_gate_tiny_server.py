@@ -47,9 +47,10 @@ pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.timing,
               pytest.mark.usefixtures("embedded_server_only")]
 SCORING = Scoring.load()
 PROFILE = "cpu-tiny"
-# The slower decode too: slow-steps' decode-micro repeats read 33.6, 31.0, 33.5, 31.5, 31.9 tok/s against the
-# baseline's 59-69 (run MM, 2026-12-02, -49.9%), and each 3 of those 5 is flagged at p < 3e-6 (alpha 0.05 / 5).
-# It had 5 when eager alone made a -34% change that 3 repeats once missed (2026-12-01).
+# What cpu-tiny's tolerances were sized for, and enough for the slower decode as well: slow-steps' decode-micro
+# repeats read 33.6, 31.0, 33.5, 31.5, 31.9 tok/s against the baseline's 59-69 (run MM, 2026-12-02, -49.9%),
+# and each 3 of those 5 is flagged at p < 3e-6 (alpha 0.05 / 5). That test had 5 while eager alone made a -34%
+# change, which 3 repeats once missed (2026-12-01).
 CI_REPEATS = 3
 
 
