@@ -69,7 +69,8 @@ def _set_process(pid: int, cpus: tuple[int, ...]) -> None:
             os.sched_setaffinity(tid, cpus)
 
 
-def _title(p: psutil.Process) -> str:
+def process_title(p: psutil.Process) -> str:
+    """What vLLM set as the process title (argv[0]), or the name; "" for a process gone meanwhile."""
     try:
         cmd = p.cmdline()
         return cmd[0] if cmd else p.name()
@@ -89,7 +90,7 @@ def apply_to_server(leader_pid: int, layout: CpuLayout, move_worker: bool = Fals
     except psutil.NoSuchProcess:
         return placed
     for p in tree:
-        title = _title(p)
+        title = process_title(p)
         if title.startswith(WORKER_TITLE):
             if not move_worker:
                 continue

@@ -30,6 +30,7 @@ from typing import Callable
 
 from harness import shared_server
 from harness.gates.regressions import acquire_regressed, warm_for_gates
+from harness.server_health import dead_server_reports
 from harness.shared_server import OWNER_ENV, SESSION, STATE_ENV, ServerInfo
 
 USAGE = "usage: python -m harness.suite_session -- CMD [ARG...] [-- CMD [ARG...]]..."
@@ -112,6 +113,8 @@ def run(commands: list[list[str]], start_server: Start = shared_server.start_emb
     except KeyboardInterrupt:
         return 130
     finally:
+        for report in dead_server_reports(state_dir):  # its log goes with the state directory
+            _say(report)
         # A start still in progress has no state file yet; the server's watchdog ends it once this
         # process (its owner) has exited.
         shared_server.release(state_dir)

@@ -65,6 +65,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: start_order(item, distributed))
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failing test of the embedded servers gets, in its report, the log tail of any of them that is down:
+    a server that died fails its tests with a 500 or a refused connection, and its log, which says why, is in
+    a temporary directory that is gone once the run ends."""
+    outcome = yield
+    report = outcome.get_result()
+    state_dir = os.environ.get(STATE_ENV)
+    uses_servers = {"openai_server", "regressed_servers"} & set(getattr(item, "fixturenames", ()))
+    if not (report.failed and state_dir and uses_servers):
+        return
+    from harness.server_health import dead_server_reports
+
+    for text in dead_server_reports(Path(state_dir)):
+        report.sections.append(("a server is down", text))
+
+
 @pytest.fixture(scope="session")
 def openai_server(pytestconfig: pytest.Config) -> ServerInfo:
     """The session's server: `--server-url`, or the embedded tiny vLLM CPU server (shared by all workers)."""

@@ -53,7 +53,7 @@ def greedy(base_url: str, model: str) -> list[dict]:
     for prompt in PROMPTS:
         r = httpx.post(f"{base_url}/v1/completions", timeout=300, json={
             "model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": 2, "seed": 0})
-        r.raise_for_status()
+        assert r.status_code == 200, f"{base_url} answered {prompt!r} with {r.status_code}: {r.text[:500]}"
         lp = r.json()["choices"][0]["logprobs"]
         details = r.json()["usage"].get("prompt_tokens_details") or {}
         out.append({"prompt": prompt, "tokens": lp["tokens"], "logprobs": lp["token_logprobs"],
