@@ -89,6 +89,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "a token).",
     )
     group.addoption(
+        "--no-machine-speed",
+        action="store_true",
+        help="Live perf gates against a server on this machine: do not measure the machine's speed probe, so the "
+        "baseline is compared as recorded (for a machine busy with other work, which the probe would measure "
+        "instead of the machine; docs/perf-gates.md).",
+    )
+    group.addoption(
         "--baselines-dir",
         default=None,
         help="Perf gates: where the baseline profiles are (default: fixtures/baselines).",

@@ -5,6 +5,7 @@ With no base URL it builds the tiny model, starts the embedded vLLM CPU server, 
 from __future__ import annotations
 
 import statistics
+import subprocess
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,6 +18,7 @@ from harness.artifacts import manifest, new_run_dir, write_json, write_records
 from harness.client import ClientConfig
 from harness.errors import HarnessError
 from harness.hardware import HardwareSampler, summarize_samples
+from harness.machine_speed import MachineSpeed, measure_machine_speed, run_speed
 from harness.metrics import REGISTRY, RunSummary, Scoring
 from harness.paths import RUNS_DIR
 from harness.placement import client_on
@@ -85,6 +87,9 @@ class BenchConfig:
     max_model_len: int = 8192
     server_log: Path | None = None
     place_processes: bool = True  # harness/placement.py; False reproduces vLLM's own placement
+    # Run harness.machine_speed's probe before and after the workloads, into the manifest: for a server on this
+    # machine, whose speed the probe then stands for, so a gate can compare runs made on different days.
+    machine_speed: bool = False
 
 
 def list_models(base_url: str, api_key: str | None) -> list[str]:
@@ -194,6 +199,7 @@ def run_bench(cfg: BenchConfig) -> Path:
             prev.append(cur)
             return reason
 
+        speed_before = _probe() if cfg.machine_speed else None
         client_cpus = server.client_cpus if server else cfg.client_cpus
         with HardwareSampler(run_dir / "hardware.jsonl") as sampler, client_on(client_cpus):
             results, end_reason = run_points(client, points, scoring, show_progress=cfg.show_progress,
@@ -202,8 +208,12 @@ def run_bench(cfg: BenchConfig) -> Path:
         if end_reason == "completed" and cfg.sweep:
             end_reason = "max_reached"
 
+        speed = None
+        if speed_before is not None:  # after the workloads too: the run's speed is the mean of both
+            speed_after = None if end_reason == "interrupted" else _probe()
+            speed = run_speed(speed_before, speed_after or speed_before)
         write_outputs(run_dir, cfg, base_url, model, server, model_dir, results, end_reason, scrapes, scoring,
-                      sampler.tool)
+                      sampler.tool, speed)
         return run_dir
     finally:
         if server is not None:
@@ -212,9 +222,23 @@ def run_bench(cfg: BenchConfig) -> Path:
             run_dir.rmdir()  # failed before anything was written: leave no empty run directory
 
 
+def _probe() -> MachineSpeed | None:
+    """The machine's speed probe, or None with a warning: a probe that fails costs the run its rescaling, never
+    its records."""
+    try:
+        return measure_machine_speed()
+    except (subprocess.SubprocessError, OSError, ValueError, KeyError) as exc:
+        print(f"warning: the machine speed probe failed ({exc}); this run cannot be rescaled to a baseline's day",
+              file=sys.stderr)
+        return None
+
+
 def _exclude_stalled(cfg: BenchConfig, base_url: str) -> bool:
-    if cfg.exclude_stalled is not None:
-        return cfg.exclude_stalled
+    return cfg.exclude_stalled if cfg.exclude_stalled is not None else on_this_machine(base_url)
+
+
+def on_this_machine(base_url: str) -> bool:
+    """A loopback URL: the server shares this machine with the client."""
     host = urlparse(base_url).hostname or ""
     return host == "localhost" or host == "::1" or host.startswith("127.")
 
@@ -230,7 +254,7 @@ def _reachable(base_url: str, api_key: str | None) -> bool:
 
 def write_outputs(run_dir: Path, cfg: BenchConfig, base_url: str, model: str, server: ManagedServer | None,
                   model_dir: Path | None, results: list[PointResult], end_reason: str, scrapes: dict,
-                  scoring: Scoring, sampler_tool: str | None) -> None:
+                  scoring: Scoring, sampler_tool: str | None, machine_speed: dict | None = None) -> None:
     man = manifest(base_url=base_url, model=model,
                    server_command=server.command_line if server else cfg.server_command,
                    datasets=[r.point.dataset for r in results], seeds={"dataset": cfg.seed},
@@ -239,7 +263,8 @@ def write_outputs(run_dir: Path, cfg: BenchConfig, base_url: str, model: str, se
                                      for r in results],
                           "end_reason": end_reason, "hardware_sampler": sampler_tool,
                           "placement": ({"layout": server.layout.describe()} if server and server.layout else
-                                        {"client_cpus": list(cfg.client_cpus)} if cfg.client_cpus else None)})
+                                        {"client_cpus": list(cfg.client_cpus)} if cfg.client_cpus else None),
+                          "machine_speed": machine_speed})
     if model_dir is not None:
         from harness.tiny_model import checkpoint_digest
 

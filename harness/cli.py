@@ -85,6 +85,9 @@ def _parser() -> argparse.ArgumentParser:
                         "prints); default: where it is")
     b.add_argument("--keep-stalled", action="store_true",
                    help="keep stalled streams in the timing percentiles even against a loopback server")
+    b.add_argument("--machine-speed", action="store_true",
+                   help="a server on this machine: measure the machine's speed probe before and after, so that "
+                        "`qwen36 gate` can rescale a baseline recorded on another day (docs/perf-gates.md)")
 
     from harness.gates.commands import add_parsers as add_gate_parsers
 
@@ -189,7 +192,7 @@ def _cmd_bench(a) -> int:
         seed=a.seed, repeats=a.repeats, sweep=a.sweep, sweep_policy=SweepPolicy(ttft_slo_s=a.ttft_slo),
         out_root=a.out or RUNS_DIR, label=(a.preset or a.dataset or "quick"), timeout_s=a.timeout,
         show_progress=not a.no_progress, place_processes=not a.no_placement, client_cpus=a.client_cpus,
-        exclude_stalled=False if a.keep_stalled else None,
+        exclude_stalled=False if a.keep_stalled else None, machine_speed=a.machine_speed,
     )
     from harness.bench import run_bench
 

@@ -4,6 +4,7 @@
     identity: {model, model_files_sha256, datasets: [[name, sha256]], server_args: [...], hardware: ...,
                workload: {preset: gate, description: ...}}                  # preset: required, a bench preset
     recorded: {source: measured | imported, how: <command>, when: <ISO time>, commit: <git sha>, note: ...}
+    machine_speed: {probe: <name>, unit: steps/s, rate: <median of the runs'>}  # optional: harness.machine_speed
     tolerance_floor: 0.08                                             # optional, relative metrics only
     tolerances: {metric: {value: 0.05, scale: relative | absolute}}   # default for a point without its own
     noise: {point: {metric: cv}}                                      # measured spread, for the record
@@ -52,6 +53,8 @@ class Baseline:
     point_tolerances: dict[str, dict[str, Tolerance]] = field(default_factory=dict)
     notes: dict[str, dict[str, str]] = field(default_factory=dict)  # point -> metric -> why it was raised
     tolerance_floor: float | None = None
+    # harness.machine_speed's probe on the recording machine then: the gate rescales to a candidate's day by it.
+    machine_speed: dict | None = None
 
     @property
     def imported(self) -> bool:
@@ -83,6 +86,8 @@ class Baseline:
 
     def to_yaml(self) -> str:
         doc = {"profile": self.profile, "identity": self.identity, "recorded": self.recorded}
+        if self.machine_speed is not None:
+            doc["machine_speed"] = self.machine_speed
         if self.tolerance_floor is not None:
             doc["tolerance_floor"] = self.tolerance_floor
         doc["tolerances"] = _tolerances_doc(self.tolerances)
@@ -119,6 +124,14 @@ def _tolerances(doc: dict | None) -> dict[str, Tolerance]:
     return {m: Tolerance(float(t["value"]), t.get("scale", "relative")) for m, t in (doc or {}).items()}
 
 
+def _machine_speed(doc) -> dict | None:
+    if doc is None:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("probe"), str) or float(doc["rate"]) <= 0:
+        raise ValueError(f"machine_speed {doc!r} needs a probe name and a positive rate")
+    return doc
+
+
 def baseline_path(profile: str, root: Path = BASELINES_DIR) -> Path:
     if not profile or "/" in profile or profile.startswith("."):
         raise HarnessError(f"baseline profile {profile!r} is not a plain name such as cpu-tiny")
@@ -146,6 +159,7 @@ def load_baseline(profile: str, root: Path = BASELINES_DIR) -> Baseline:
                               if p.get("tolerances")},
             notes={name: dict(p["notes"]) for name, p in points.items() if p.get("notes")},
             tolerance_floor=None if floor is None else float(floor),
+            machine_speed=_machine_speed(doc.get("machine_speed")),
         )
     except (AttributeError, KeyError, TypeError, ValueError, yaml.YAMLError) as e:
         raise HarnessError(f"{path} is not a valid baseline ({type(e).__name__}: {e}); compare it with "

@@ -3,6 +3,11 @@
 Candidate repeats are every repeat of the point in every run directory given. Runs whose identity differs
 from the baseline's are refused with the difference named, unless the difference is accepted by name (and
 then the report lists it).
+
+Where the baseline and every candidate run measured harness.machine_speed's probe, the baseline is first
+moved to the candidate's day: its speeds multiplied, its times divided, by the probes' ratio (the report says
+by how much). A slower commit slows the server, not the probe, so it is still a regression; a slower day slows
+both, so it is not. A baseline recorded on another kind of machine (the probe's `machine`) is refused.
 """
 from __future__ import annotations
 
@@ -15,7 +20,8 @@ from harness.errors import HarnessError
 from harness.gates.baseline import Baseline
 from harness.gates.decision import Decision, Tolerance, decide
 from harness.gates.identity import identity_differences, identity_from_manifest
-from harness.metrics import REGISTRY, Scoring
+from harness.machine_speed import MAX_FACTOR
+from harness.metrics import REGISTRY, Metric, Scoring
 
 
 # The gate's false-alarm budget on identical distributions, shared by all its checks.
@@ -103,6 +109,7 @@ class GateReport:
     accepted_differences: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     family_alpha: float = FAMILY_ALPHA
+    speed_factor: float | None = None  # the candidate machine's probe / the baseline's; None: not rescaled
 
     @property
     def regressions(self) -> list[GateRow]:
@@ -115,7 +122,7 @@ class GateReport:
     def as_dict(self) -> dict:
         return {"profile": self.profile, "runs": self.runs, "passed": self.passed, "family_alpha": self.family_alpha,
                 "accepted_differences": self.accepted_differences, "notes": self.notes,
-                "rows": [r.as_dict() for r in self.rows]}
+                "speed_factor": self.speed_factor, "rows": [r.as_dict() for r in self.rows]}
 
 
 def _pair_points(baseline: Baseline, candidate: dict[str, list[dict]], point_map: dict[str, str]) -> tuple[list, list]:
@@ -141,6 +148,52 @@ def _pair_points(baseline: Baseline, candidate: dict[str, list[dict]], point_map
         if name not in {b for b, _ in pairs}:
             notes.append(f"baseline point {name!r} has no candidate: not gated")
     return pairs, notes
+
+
+def speed_factor(baseline: Baseline, runs: list[RunDir]) -> tuple[float | None, str | None]:
+    """How much faster the candidates' machine ran the speed probe than the baseline's (their mean rate over the
+    baseline's), and the report's note; (None, note or None) where it cannot be known."""
+    base = baseline.machine_speed
+    speeds = [r.manifest.get("machine_speed") for r in runs]
+    if base is None:
+        return None, None
+    if any(not s for s in speeds):
+        return None, (f"the baseline recorded the machine's speed ({base['rate']:g} {base.get('unit', '')} on "
+                      f"{base['probe']}) but a candidate run did not (a server elsewhere, or a run without "
+                      "--machine-speed): compared as recorded, not rescaled to this day")
+    probes = {s["probe"] for s in speeds}
+    if probes != {base["probe"]}:
+        return None, (f"the speed probes differ (baseline {base['probe']}, candidates {sorted(probes)}): "
+                      "compared as recorded, not rescaled")
+    kinds = {s.get("machine") for s in speeds}
+    if base.get("machine") and kinds != {base["machine"]}:
+        raise NotComparable(
+            f"baseline {baseline.profile!r} was recorded on another kind of machine ({base['machine']}) than "
+            f"this run's ({', '.join(sorted(map(str, kinds)))}): vLLM's CPU kernels and their speeds differ "
+            f"between kinds in ways no single factor corrects. Record a profile on this kind "
+            f"(`qwen36 baseline record --profile NAME`)")
+    rate = sum(s["rate"] for s in speeds) / len(speeds)
+    factor = rate / base["rate"]
+    if not 1 / MAX_FACTOR <= factor <= MAX_FACTOR:
+        raise NotComparable(
+            f"this machine ran the speed probe {base['probe']} at {rate:.4g} steps/s, {factor:.2f} times the "
+            f"{base['rate']:.4g} of baseline {baseline.profile!r}'s machine: that is another machine, not another "
+            f"day. Record a profile for it (`qwen36 baseline record --profile NAME`)")
+    return factor, (f"machine speed: the probe ran at {rate:.4g} steps/s here, {base['rate']:.4g} when the baseline "
+                    f"was recorded (x{factor:.3f}): the baseline's speeds are multiplied and its times divided by "
+                    f"{factor:.3f} before comparing")
+
+
+def rescaled(values: list[float], spec: Metric, factor: float | None) -> list[float]:
+    """A baseline's values moved to a machine `factor` times as fast: times (s) divided, speeds (per second,
+    and the score built of them) multiplied, counts and ratios as they are."""
+    if factor is None:
+        return values
+    if spec.unit == "s":
+        return [v / factor for v in values]
+    if spec.unit in ("tok/s", "score"):
+        return [v * factor for v in values]
+    return values
 
 
 def gate(
@@ -174,6 +227,9 @@ def gate(
         for name, repeats in run.points.items():
             candidate.setdefault(name, []).extend(repeats)
     pairs, notes = _pair_points(baseline, candidate, point_map or {})
+    factor, speed_note = speed_factor(baseline, runs)
+    if speed_note:
+        notes.append(speed_note)
     if baseline.imported:
         notes.append(f"baseline {baseline.profile!r} is imported ({baseline.recorded.get('note', 'single runs')}); "
                      "verdicts against it are conservative")
@@ -192,14 +248,14 @@ def gate(
     for base_name, cand_name, metric, base_values, cand_values in checks:
         spec = REGISTRY[metric]
         tolerance = baseline.tolerance(base_name, metric)
-        decision = decide(base_values, cand_values, spec.direction, tolerance, alpha=alpha)
+        decision = decide(rescaled(base_values, spec, factor), cand_values, spec.direction, tolerance, alpha=alpha)
         target = scoring.targets.get(metric)
         rows.append(GateRow(
             point=cand_name, metric=metric, unit=spec.unit, direction=spec.direction, tolerance=tolerance,
             decision=decision, target=f"{target.op} {target.value:g}" if target else None,
             target_met=target.met(decision.candidate) if target else None,
         ))
-    return GateReport(baseline.profile, [str(r.path) for r in runs], rows, accepted, notes, family_alpha)
+    return GateReport(baseline.profile, [str(r.path) for r in runs], rows, accepted, notes, family_alpha, factor)
 
 
 def _fmt(value: float, unit: str) -> str:

@@ -20,9 +20,10 @@ from harness.shared_server import ServerInfo
 
 
 def measure(server: ServerInfo, out_root: Path, label: str, repeats: int = 1, preset: str = "gate",
-            datasets: tuple[str, ...] | None = None) -> Path:
+            datasets: tuple[str, ...] | None = None, machine_speed: bool = True) -> Path:
     """Run the preset's workloads (only `datasets`, if given: a gate then compares just their points) and return
-    the run directory; the manifest describes the server (its command and model files), so runs compare."""
+    the run directory; the manifest describes the server (its command and model files) and this machine's speed
+    that day (harness.machine_speed), so runs compare."""
     workloads = tuple(w for w in PRESETS[preset] if datasets is None or w.dataset in datasets)
     if not workloads:
         raise ValueError(f"preset {preset!r} has no workload of {datasets}")
@@ -30,6 +31,7 @@ def measure(server: ServerInfo, out_root: Path, label: str, repeats: int = 1, pr
         workloads=workloads, base_url=server.base_url, model=server.model, repeats=repeats,
         out_root=out_root, label=label, show_progress=False, server_command=server.command,
         model_dir=Path(server.model_dir) if server.model_dir else None, client_cpus=server.client_cpus,
+        machine_speed=machine_speed,
     )
     return run_bench(cfg)
 
@@ -56,7 +58,7 @@ def warm(server: ServerInfo, warmup: Warmup, out_root: Path) -> bool:
     by URL only) is warmed every time: nothing here can know its state."""
     def run() -> Path:
         return measure(server, out_root, f"warmup-{warmup.name}", repeats=warmup.repeats, preset=warmup.preset,
-                       datasets=warmup.datasets)
+                       datasets=warmup.datasets, machine_speed=False)  # state, not a measurement
 
     if warmup.repeats < 1:
         return False

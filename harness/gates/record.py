@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import statistics
 import sys
 from pathlib import Path
 
-from harness.bench import PRESETS, BenchConfig, run_bench
+from harness.bench import PRESETS, BenchConfig, on_this_machine, run_bench
 from harness.errors import HarnessError
 from harness.gates.baseline import (BASELINES_DIR, Baseline, baseline_path, load_policy, save_baseline,
                                     tolerances_for, with_floor)
@@ -61,7 +62,18 @@ def baseline_from_runs(profile: str, run_dirs: list[Path], preset: str, how: str
     if candidate_repeats:
         recorded["tolerances_sized_for"] = f"{candidate_repeats} candidate repeats"
     return Baseline(profile, identity, recorded, with_floor(policy, tolerance_floor), gated, noise,
-                    point_tolerances=tolerances, notes=notes, tolerance_floor=tolerance_floor)
+                    point_tolerances=tolerances, notes=notes, tolerance_floor=tolerance_floor,
+                    machine_speed=recorded_speed(runs))
+
+
+def recorded_speed(runs: list) -> dict | None:
+    """The machine's kind and speed while the runs were measured (the median of theirs), if every run measured the
+    same probe on the same kind of machine; else None (a server on another machine: nothing to rescale by)."""
+    speeds = [r.manifest.get("machine_speed") for r in runs]
+    if not speeds or any(not s for s in speeds) or len({(s["probe"], s.get("machine")) for s in speeds}) != 1:
+        return None
+    return {"probe": speeds[0]["probe"], "unit": speeds[0].get("unit", "steps/s"),
+            "rate": round(statistics.median(s["rate"] for s in speeds), 2), "machine": speeds[0].get("machine")}
 
 
 # The identity fields a client that knows the server only by its URL cannot see: a by-URL run's manifest
@@ -102,6 +114,7 @@ def record_baseline(profile: str, repeats: int, preset: str = "gate", base_url: 
     # `warmups` extra repeats first, measured and kept in the run directory but not in the baseline.
     cfg = BenchConfig(workloads=PRESETS[preset], base_url=base_url, repeats=repeats + warmups,
                       label=f"baseline-{profile}", tokenizer=tokenizer,
+                      machine_speed=base_url is None or on_this_machine(base_url),
                       **({"out_root": out_root} if out_root else {}))
     run_dir = run_bench(cfg)
     how = f"qwen36 baseline record --profile {profile} --repeats {repeats} --preset {preset}" + (

@@ -29,10 +29,10 @@ class LiveGateRun:
 
 
 def live_gate(url: str, profile: str, out: Path, repeats: int, tokenizer: Path, baselines: Path | None = None,
-              accept: tuple[str, ...] = ()) -> LiveGateRun:
+              accept: tuple[str, ...] = (), machine_speed: bool = True) -> LiveGateRun:
     """`baselines`: the directory holding `profile` (default: the committed fixtures/baselines); `accept`:
-    identity fields not compared (--accept-difference). The tokenizer is the model's, as a user who has the
-    model's files gives it."""
+    identity fields not compared (--accept-difference); `machine_speed` False: --no-machine-speed. The tokenizer
+    is the model's, as a user who has the model's files gives it."""
     cmd = [sys.executable, "-m", "pytest", str(LIVE_TESTS), "-p", "no:cacheprovider", "-q", "-s",
            "--server-url", url, "--baseline-profile", profile, "--gate-repeats", str(repeats),
            "--tokenizer", str(tokenizer), f"--basetemp={out}"]
@@ -40,6 +40,8 @@ def live_gate(url: str, profile: str, out: Path, repeats: int, tokenizer: Path, 
         cmd += ["--baselines-dir", str(baselines)]
     if accept:
         cmd += ["--accept-difference", ",".join(accept)]
+    if not machine_speed:
+        cmd += ["--no-machine-speed"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     done = subprocess.run(cmd, check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
     print(done.stdout[-3000:])

@@ -11,8 +11,10 @@ the server; each gated metric is one test, failing on a regression. `--tokenizer
 tokenizer.json or its directory) sizes official-like's prompts as the server counts them; the run's dataset
 hash then matches a baseline recorded with the same tokenizer. A by-URL client cannot see the server's
 arguments or model files: against a profile recorded on the embedded server (cpu-tiny) accept those two
-fields, which the report then lists. The report (gate.md, gate.json) lands in
-the run directory.
+fields, which the report then lists. Against a server on this machine (a loopback URL) the run measures the
+machine's speed probe, so a baseline recorded with it is moved to this day (harness.machine_speed); on a
+machine busy with other work give --no-machine-speed. The report (gate.md, gate.json) lands in the run
+directory.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.bench import PRESETS, BenchConfig, run_bench
+from harness.bench import PRESETS, BenchConfig, on_this_machine, run_bench
 from harness.gates.baseline import load_baseline, load_policy
 from harness.gates.gate import gate, load_run, report_markdown, write_report
 from harness.metrics import Scoring
@@ -42,7 +44,9 @@ def live_report(pytestconfig, tmp_path_factory):
     tokenizer = pytestconfig.getoption("--tokenizer")
     run = run_bench(BenchConfig(workloads=PRESETS[baseline.workload_preset], base_url=url, repeats=repeats,
                                 out_root=tmp_path_factory.mktemp("live"), label=f"gate-{profile}",
-                                tokenizer=Path(tokenizer) if tokenizer else None, show_progress=False))
+                                tokenizer=Path(tokenizer) if tokenizer else None, show_progress=False,
+                                machine_speed=on_this_machine(url)
+                                and not pytestconfig.getoption("--no-machine-speed")))
     report = gate(baseline, [load_run(run)], Scoring.load(), accept=pytestconfig.getoption("--accept-difference"))
     write_report(report, run)
     print(report_markdown(report))

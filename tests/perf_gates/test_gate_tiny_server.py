@@ -1,5 +1,11 @@
 """The perf gate end to end on the embedded tiny server, against the committed `cpu-tiny` baseline.
 
+Every measurement here takes the machine's speed probe (harness.machine_speed), and the gate moves the baseline
+to this day's speed by it. On a kind of machine other than the one `cpu-tiny` was recorded on, no factor
+holds, so the fixture `cpu_tiny` (tests/perf_gates/conftest.py) records one now on the session's server and
+warns in the summary: the tests then prove the gate flags the regressions and passes the control, not that
+this commit is as fast as the committed one.
+
 Runs alone after the parallel suite (`make test`: marker `timing`). A candidate is the `gate` preset (or the
 one workload of it whose metric the test is about: the gate then compares only that point) measured after
 its server's warm-ups (harness.gates.regressions.WARMUPS; `make test` runs them during the parallel run, so
@@ -41,12 +47,12 @@ from harness.metrics import Scoring
 from harness.placement import client_on
 from harness.shared_server import ServerInfo
 from harness.tiny_model import checkpoint_digest
+from tests.perf_gates.conftest import PROFILE, CpuTiny
 from tests.perf_gates.live_gate import live_gate
 
 pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.timing,
               pytest.mark.usefixtures("embedded_server_only")]
 SCORING = Scoring.load()
-PROFILE = "cpu-tiny"
 # What cpu-tiny's tolerances were sized for, and enough for the slower decode as well: slow-steps' decode-micro
 # repeats read 33.6, 31.0, 33.5, 31.5, 31.9 tok/s against the baseline's 59-69 (run MM, 2026-12-02, -49.9%),
 # and each 3 of those 5 is flagged at p < 3e-6 (alpha 0.05 / 5). That test had 5 while eager alone made a -34%
@@ -64,8 +70,8 @@ def measure_candidate(server: ServerInfo, root: Path, label: str, datasets: tupl
     return measure(server, root, label, repeats=repeats, datasets=datasets)
 
 
-def gate_report(run: Path, accept: tuple[str, ...] = ()) -> GateReport:
-    report = gate(load_baseline(PROFILE), [load_run(run)], SCORING, accept=accept)
+def gate_report(profile: CpuTiny, run: Path, accept: tuple[str, ...] = ()) -> GateReport:
+    report = gate(profile.load(), [load_run(run)], SCORING, accept=accept)
     write_report(report, run)
     print(report_markdown(report))
     return report
@@ -85,7 +91,7 @@ def test_the_session_server_is_the_setup_the_committed_baseline_was_recorded_on(
     assert not identity_differences(expected, actual), identity_differences(expected, actual)
 
 
-def test_same_setup_control_passes_by_url_against_the_committed_baseline(openai_server, tmp_path):
+def test_same_setup_control_passes_by_url_against_the_committed_baseline(openai_server, cpu_tiny, tmp_path):
     """The control and the live path's passing side at once: the live gate as a user runs it (a nested pytest
     that knows the server only by its URL and the model's tokenizer) against the committed `cpu-tiny`, recorded
     on the embedded server of this setup: every gated metric's test passes. Its failing side is
@@ -93,8 +99,8 @@ def test_same_setup_control_passes_by_url_against_the_committed_baseline(openai_
     warm(openai_server, STEADY_PREFIX_CACHE, tmp_path)
     with client_on(openai_server.client_cpus):  # the nested pytest inherits this process's cores
         control = live_gate(openai_server.base_url, PROFILE, tmp_path / "control", CI_REPEATS,
-                            Path(openai_server.model_dir), accept=UNSEEN_BY_URL)
-    baseline = load_baseline(PROFILE)
+                            Path(openai_server.model_dir), baselines=cpu_tiny.root, accept=UNSEEN_BY_URL)
+    baseline = cpu_tiny.load()
     rows = json.loads((control.run / "gate.json").read_text())["rows"]
     assert {(r["point"], r["metric"]) for r in rows} == {
         (p, m) for p in baseline.points for m in baseline.gated_metrics(p)}, control.output()
@@ -102,19 +108,19 @@ def test_same_setup_control_passes_by_url_against_the_committed_baseline(openai_
     assert "5 passed" in control.process.stdout, control.output()
 
 
-def test_slower_decode_is_caught_on_output_tps_and_weighted_throughput(regressed_servers, tmp_path):
+def test_slower_decode_is_caught_on_output_tps_and_weighted_throughput(regressed_servers, cpu_tiny, tmp_path):
     # decode-micro alone: its 64-token answers are the decode measure. Its 34-44-token prompts (run KK's
     # requests.jsonl) prefill in three 16-token steps on this server instead of one, 3 of a request's ~67
     # steps: the decode steps are the change.
     # No warm-up repeat: decode-micro's prompts are shorter than a KV block (no cache state) and each repeat
     # sends its own warm-up requests first.
     run = measure_candidate(regressed_servers[SLOW_STEPS], tmp_path, "slow-decode", ("decode-micro",))
-    report = gate_report(run, accept=("server_args",))
+    report = gate_report(cpu_tiny, run, accept=("server_args",))
     assert {("decode-micro@c2", "output_tps_p10"), ("decode-micro@c2", "weighted_throughput")} <= flagged(report), \
         report_markdown(report)
 
 
-def test_slower_prefill_is_caught_on_ttft(regressed_servers, tmp_path):
+def test_slower_prefill_is_caught_on_ttft(regressed_servers, cpu_tiny, tmp_path):
     # official-like alone: the point whose TTFT is a prefill (decode-micro's is mostly the other stream's
     # decode step). Its hit rate rises with small chunks (the recurrent state is cached at more step ends),
     # so the cache cannot be what slows it. One measured repeat after the warm-ups: the change is several
@@ -122,6 +128,6 @@ def test_slower_prefill_is_caught_on_ttft(regressed_servers, tmp_path):
     # baseline's repeats can hold the noise.
     run = measure_candidate(regressed_servers[SLOW_STEPS], tmp_path, "slow-prefill", ("official-like",),
                             STEADY_PREFIX_CACHE, repeats=1)
-    report = gate_report(run, accept=("server_args",))
+    report = gate_report(cpu_tiny, run, accept=("server_args",))
     assert ("official-like@c1", "ttft_p90") in flagged(report), report_markdown(report)
 

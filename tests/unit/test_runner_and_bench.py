@@ -118,3 +118,25 @@ def test_sweep_that_keeps_scaling_ends_with_max_reached(server, tmp_path):
                       base_url=server.url, model="slow", out_root=tmp_path, show_progress=False, sweep=True)
     summary = json.loads((run_bench(cfg) / "summary.json").read_text())
     assert summary["end_reason"] == "max_reached" and len(summary["points"]) == 3
+
+
+def test_a_run_records_the_machine_speed_probe_and_a_failing_probe_costs_only_the_rescaling(server, tmp_path,
+                                                                                          monkeypatch, capsys):
+    import harness.bench as bench
+    from harness.machine_speed import MachineSpeed
+
+    cfg = BenchConfig(workloads=(Workload("decode-micro", (1,), requests=2, output_tokens=4),),
+                      base_url=server.url, model="fast", out_root=tmp_path, show_progress=False, machine_speed=True)
+    rates = iter((200.0, 220.0))
+    monkeypatch.setattr(bench, "measure_machine_speed", lambda: MachineSpeed("p", next(rates), 0.01, (0,)))
+    speed = json.loads((run_bench(cfg) / "manifest.json").read_text())["machine_speed"]
+    assert speed["probe"] == "p" and speed["rate"] == pytest.approx(210.0)
+
+    def broken():
+        raise subprocess.CalledProcessError(1, "probe")
+
+    monkeypatch.setattr(bench, "measure_machine_speed", broken)
+    run_dir = run_bench(cfg)
+    assert json.loads((run_dir / "manifest.json").read_text())["machine_speed"] is None
+    assert len((run_dir / "requests.jsonl").read_text().splitlines()) == 2 + 2  # warm-up and measured, kept
+    assert "the machine speed probe failed" in capsys.readouterr().err

@@ -1,0 +1,149 @@
+"""What kind of machine this is and how fast it runs small eager PyTorch work right now: what lets a committed
+CPU baseline be compared with a run made on another day, and refused for another kind of machine.
+
+The 2-core CI VMs drift: the same VM served decode-micro at 94-110 tok/s one morning and 58-62 the next
+day (docs/perf-gates.md, "drift"), while a 20% tolerance is what the gate can afford. A baseline recorded on
+one of those days cannot tell a slower commit from a slower day. So runs against a server on this machine
+measure this probe before and after their workloads, the baseline records it, and the gate rescales the
+baseline's speed metrics by the ratio (harness.gates.gate). The probe is work nobody here wrote and no
+commit changes (torch's eager ops at the tiny model's scale, one thread on each core in turn), so a slower
+commit slows the server and not the probe.
+
+A scale factor holds between days of one kind of machine, not between kinds: on 2026-12-03 a VM of another
+kernel build served the tiny model's decode 4.4 times and its official-like prefill 17 times as fast as the
+2026-12-02 recording's VM. So the probe also names the machine's kind (`machine`: CPU count, model and the
+vector and matrix extensions that choose vLLM CPU's kernels), and a gate refuses a baseline of another kind.
+
+    python -m harness.machine_speed     # prints one JSON line: the rate and its spread
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# Its name goes into baselines and runs: a changed workload is a new name, so old and new never compare.
+PROBE = "eager-torch-decode-v1"
+# Beyond this factor between a run's probe and its baseline's, the runs are on different machines, not on one
+# machine on different days: the gate refuses to compare them (record a profile for that machine instead).
+MAX_FACTOR = 5.0
+CORES_PROBED = 4  # the first cores of the process's affinity; more adds time, not information
+REPEATS = 5
+REPEAT_S = 0.15
+# vLLM's CPU engine core and worker busy-wait for up to a second after their last message (harness.placement):
+# a probe taken sooner after a server's last request would measure that spin, not the machine.
+SETTLE_S = 1.5
+
+HIDDEN, INTERMEDIATE, LAYERS, TOKENS = 256, 512, 8, 2  # the tiny model's scale, two sequences per step
+
+
+# The CPU flags that choose what vLLM CPU and oneDNN run (AMX tiles, bf16/fp16 vector instructions, AVX-512).
+KIND_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
+
+
+@dataclass(frozen=True)
+class MachineSpeed:
+    probe: str
+    rate: float  # probe steps per second, the mean over the probed cores of each core's median repeat
+    spread: float  # (max - min) / median over every repeat on every core
+    cores: tuple[int, ...]
+    machine: str = ""  # machine_kind(): runs compare only on the same kind
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "cores": list(self.cores), "unit": "steps/s"}
+
+
+def machine_kind(cpuinfo: str | None = None, amx_usable: bool | None = None) -> str:
+    """The kind of machine, for comparing baselines: architecture, CPU count, CPU vendor, family and model, the
+    KIND_FLAGS it has, and whether torch can use AMX here (the kernel must allow it; vLLM CPU asks torch)."""
+    import platform
+
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    if amx_usable is None:
+        import torch
+
+        amx_usable = bool(torch.cpu._is_amx_tile_supported())
+    cpu = " ".join(fields.get(k, "?") for k in ("vendor_id", "cpu family", "model"))
+    return (f"{platform.machine()}, {os.cpu_count()} CPUs, {cpu}, "
+            f"{' '.join(f for f in KIND_FLAGS if f in flags) or 'no vector extensions listed'}, "
+            f"AMX {'usable' if amx_usable else 'not usable'}")
+
+
+def _step(x, weights):
+    import torch
+
+    for w_up, w_down in weights:
+        h = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype)
+        gate, up = (h @ w_up).chunk(2, dim=-1)
+        x = x + (torch.nn.functional.silu(gate) * up) @ w_down
+    return x
+
+
+def _rates_on_this_core() -> list[float]:
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    weights = [(torch.randn(HIDDEN, 2 * INTERMEDIATE, generator=gen).bfloat16() * 0.05,
+                torch.randn(INTERMEDIATE, HIDDEN, generator=gen).bfloat16() * 0.05) for _ in range(LAYERS)]
+    x = torch.randn(TOKENS, HIDDEN, generator=gen).bfloat16()
+    with torch.inference_mode():
+        for _ in range(20):
+            _step(x, weights)
+        rates = []
+        for _ in range(REPEATS):
+            steps, start = 0, time.perf_counter()
+            while time.perf_counter() - start < REPEAT_S:
+                _step(x, weights)
+                steps += 1
+            rates.append(steps / (time.perf_counter() - start))
+    return rates
+
+
+def _probe_here() -> MachineSpeed:
+    """In this process: one thread, pinned to each core in turn."""
+    import torch
+
+    torch.set_num_threads(1)
+    cores = tuple(sorted(os.sched_getaffinity(0)))[:CORES_PROBED]
+    per_core, every = [], []
+    for core in cores:
+        os.sched_setaffinity(0, {core})
+        rates = _rates_on_this_core()
+        per_core.append(statistics.median(rates))
+        every += rates
+    return MachineSpeed(PROBE, statistics.fmean(per_core), (max(every) - min(every)) / statistics.median(every),
+                        cores, machine_kind())
+
+
+def measure_machine_speed(timeout_s: float = 120.0, settle_s: float = SETTLE_S) -> MachineSpeed:
+    """The probe in a child process (the caller's affinity and threads stay as they are), `settle_s` after
+    the caller's last request."""
+    time.sleep(settle_s)
+    out = subprocess.run([sys.executable, "-m", "harness.machine_speed"], capture_output=True, text=True,
+                         timeout=timeout_s, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    return MachineSpeed(data["probe"], data["rate"], data["spread"], tuple(data["cores"]), data["machine"])
+
+
+def run_speed(before: MachineSpeed, after: MachineSpeed) -> dict:
+    """A run's record: the probe before and after its workloads, and their mean as the run's rate."""
+    return {"probe": before.probe, "unit": "steps/s", "rate": (before.rate + after.rate) / 2,
+            "machine": before.machine, "before": before.as_dict(), "after": after.as_dict()}
+
+
+if __name__ == "__main__":
+    print(json.dumps(_probe_here().as_dict()))

@@ -1,0 +1,46 @@
+"""harness.machine_speed: the probe is a measure of the machine, and a run keeps it (or, if it fails, its records)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness.machine_speed import PROBE, MachineSpeed, measure_machine_speed, run_speed
+from harness.paths import REPO_ROOT
+
+
+def probe_on(core: int) -> float:
+    out = subprocess.run([sys.executable, "-m", "harness.machine_speed"], capture_output=True, text=True,
+                         check=True, cwd=REPO_ROOT, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    return json.loads(out.stdout)["rate"]
+
+
+def test_the_probe_reports_its_name_rate_and_cores():
+    speed = measure_machine_speed()
+    assert speed.probe == PROBE and speed.rate > 0 and speed.spread >= 0
+    assert set(speed.cores) <= os.sched_getaffinity(0)
+
+
+@pytest.mark.timing  # alone on the machine (make test's sequential run): it measures a core's share
+def test_a_core_shared_with_a_busy_process_probes_at_about_half_the_rate():
+    core = min(os.sched_getaffinity(0))
+    alone = probe_on(core)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                           preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    try:
+        shared = probe_on(core)
+    finally:
+        hog.kill()
+        hog.wait()
+    # the scheduler gives two busy processes on one core half each; 0.3-0.7 leaves room for the probe's spread
+    assert 0.3 < shared / alone < 0.7, (alone, shared)
+
+
+def test_a_run_keeps_the_mean_of_the_probes_before_and_after():
+    before, after = MachineSpeed(PROBE, 100.0, 0.02, (0, 1)), MachineSpeed(PROBE, 110.0, 0.03, (0, 1))
+    record = run_speed(before, after)
+    assert record["rate"] == pytest.approx(105.0) and record["probe"] == PROBE
+    assert record["before"]["rate"] == 100.0 and record["after"]["cores"] == [0, 1]
