@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -35,6 +36,11 @@ MAX_FACTOR = 5.0
 CORES_PROBED = 4  # the first cores of the process's affinity; more adds time, not information
 REPEATS = 5
 REPEAT_S = 0.15
+# Other processes' CPU use (in cores) beyond which a probe does not stand for the server's speed. The probe is
+# busy all the time, the tiny server mostly waits between short steps: with a busy process on each core the
+# probe read x0.49 while the session server's decode did not change (286 vs 287 tok/s, 2026-12-03), and a
+# rescaled gate then missed the slower decode. Idle, the three servers of `make test` take ~0.05 of a core.
+BUSY_LIMIT = 0.25
 # vLLM's CPU engine core and worker busy-wait for up to a second after their last message (harness.placement):
 # a probe taken sooner after a server's last request would measure that spin, not the machine.
 SETTLE_S = 1.5
@@ -53,6 +59,12 @@ class MachineSpeed:
     spread: float  # (max - min) / median over every repeat on every core
     cores: tuple[int, ...]
     machine: str = ""  # machine_kind(): runs compare only on the same kind
+    # CPU time other processes took while the probe ran, in cores: above BUSY_LIMIT the probe measured them
+    other_busy_cores: float = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self.other_busy_cores > BUSY_LIMIT
 
     def as_dict(self) -> dict:
         return {**asdict(self), "cores": list(self.cores), "unit": "steps/s"}
@@ -113,20 +125,39 @@ def _rates_on_this_core() -> list[float]:
     return rates
 
 
+def _busy_cpu_seconds() -> float | None:
+    """The machine's busy CPU time since boot (/proc/stat's first line: user, nice, system, irq, softirq; idle,
+    iowait and the host's steal are not busy here), or None where there is no /proc/stat."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _probe_here() -> MachineSpeed:
-    """In this process: one thread, pinned to each core in turn."""
+    """In this process: one thread, pinned to each core in turn; and what other processes used meanwhile."""
     import torch
 
     torch.set_num_threads(1)
     cores = tuple(sorted(os.sched_getaffinity(0)))[:CORES_PROBED]
     per_core, every = [], []
+    busy0, own0, wall0 = _busy_cpu_seconds(), _own_cpu_seconds(), time.perf_counter()
     for core in cores:
         os.sched_setaffinity(0, {core})
         rates = _rates_on_this_core()
         per_core.append(statistics.median(rates))
         every += rates
+    busy1, own1, wall = _busy_cpu_seconds(), _own_cpu_seconds(), time.perf_counter() - wall0
+    others = 0.0 if busy0 is None or busy1 is None else max(0.0, (busy1 - busy0) - (own1 - own0)) / wall
     return MachineSpeed(PROBE, statistics.fmean(per_core), (max(every) - min(every)) / statistics.median(every),
-                        cores, machine_kind())
+                        cores, machine_kind(), round(others, 3))
 
 
 def measure_machine_speed(timeout_s: float = 120.0, settle_s: float = SETTLE_S) -> MachineSpeed:
@@ -136,13 +167,15 @@ def measure_machine_speed(timeout_s: float = 120.0, settle_s: float = SETTLE_S) 
     out = subprocess.run([sys.executable, "-m", "harness.machine_speed"], capture_output=True, text=True,
                          timeout=timeout_s, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     data = json.loads(out.stdout.strip().splitlines()[-1])
-    return MachineSpeed(data["probe"], data["rate"], data["spread"], tuple(data["cores"]), data["machine"])
+    return MachineSpeed(data["probe"], data["rate"], data["spread"], tuple(data["cores"]), data["machine"],
+                        data["other_busy_cores"])
 
 
 def run_speed(before: MachineSpeed, after: MachineSpeed) -> dict:
     """A run's record: the probe before and after its workloads, and their mean as the run's rate."""
     return {"probe": before.probe, "unit": "steps/s", "rate": (before.rate + after.rate) / 2,
-            "machine": before.machine, "before": before.as_dict(), "after": after.as_dict()}
+            "machine": before.machine, "busy": before.busy or after.busy,
+            "before": before.as_dict(), "after": after.as_dict()}
 
 
 if __name__ == "__main__":

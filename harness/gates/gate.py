@@ -172,6 +172,9 @@ def speed_factor(baseline: Baseline, runs: list[RunDir]) -> tuple[float | None, 
             f"this run's ({', '.join(sorted(map(str, kinds)))}): vLLM's CPU kernels and their speeds differ "
             f"between kinds in ways no single factor corrects. Record a profile on this kind "
             f"(`qwen36 baseline record --profile NAME`)")
+    if base.get("busy") or any(s.get("busy") for s in speeds):
+        return None, ("the machine was busy with other work while the speed probe ran (the probe would measure "
+                      "that load, which the server mostly waits through): compared as recorded, not rescaled")
     rate = sum(s["rate"] for s in speeds) / len(speeds)
     factor = rate / base["rate"]
     if not 1 / MAX_FACTOR <= factor <= MAX_FACTOR:

@@ -73,7 +73,8 @@ def recorded_speed(runs: list) -> dict | None:
     if not speeds or any(not s for s in speeds) or len({(s["probe"], s.get("machine")) for s in speeds}) != 1:
         return None
     return {"probe": speeds[0]["probe"], "unit": speeds[0].get("unit", "steps/s"),
-            "rate": round(statistics.median(s["rate"] for s in speeds), 2), "machine": speeds[0].get("machine")}
+            "rate": round(statistics.median(s["rate"] for s in speeds), 2), "machine": speeds[0].get("machine"),
+            **({"busy": True} if any(s.get("busy") for s in speeds) else {})}
 
 
 # The identity fields a client that knows the server only by its URL cannot see: a by-URL run's manifest

@@ -101,6 +101,17 @@ def test_a_probe_beyond_the_largest_drift_seen_is_another_machine_and_refused(re
         gate(recorded, [candidate(tmp_path, "far", 64.0, 0.29, RECORDED_RATE * factor)], SCORING)
 
 
+def test_a_probe_taken_on_a_busy_machine_does_not_rescale(recorded, tmp_path):
+    # the probe read x0.49 beside a busy process on each core while the server did not slow down (2026-12-03)
+    run = candidate(tmp_path, "busy", 64.0 * 0.45, 0.29, RECORDED_RATE * 0.49)
+    manifest = json.loads((run.path / "manifest.json").read_text())
+    manifest["machine_speed"]["busy"] = True
+    (run.path / "manifest.json").write_text(json.dumps(manifest))
+    report = gate(recorded, [load_run(run.path)], SCORING)
+    assert report.speed_factor is None and "busy with other work" in report_markdown(report)
+    assert "output_tps_p10" in {r.metric for r in report.regressions}
+
+
 def test_a_baseline_of_another_kind_of_machine_is_refused_even_at_the_same_speed(recorded, tmp_path):
     other_kind = KIND.replace("AMX usable", "AMX not usable")
     with pytest.raises(NotComparable, match="another kind of machine"):

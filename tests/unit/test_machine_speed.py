@@ -12,10 +12,12 @@ from harness.machine_speed import PROBE, MachineSpeed, measure_machine_speed, ru
 from harness.paths import REPO_ROOT
 
 
-def probe_on(core: int) -> float:
+def probe_on(core: int) -> MachineSpeed:
     out = subprocess.run([sys.executable, "-m", "harness.machine_speed"], capture_output=True, text=True,
                          check=True, cwd=REPO_ROOT, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
-    return json.loads(out.stdout)["rate"]
+    data = json.loads(out.stdout)
+    return MachineSpeed(data["probe"], data["rate"], data["spread"], tuple(data["cores"]), data["machine"],
+                        data["other_busy_cores"])
 
 
 def test_the_probe_reports_its_name_rate_and_cores():
@@ -25,7 +27,7 @@ def test_the_probe_reports_its_name_rate_and_cores():
 
 
 @pytest.mark.timing  # alone on the machine (make test's sequential run): it measures a core's share
-def test_a_core_shared_with_a_busy_process_probes_at_about_half_the_rate():
+def test_a_core_shared_with_a_busy_process_probes_at_about_half_the_rate_and_says_it_was_busy():
     core = min(os.sched_getaffinity(0))
     alone = probe_on(core)
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"],
@@ -36,11 +38,15 @@ def test_a_core_shared_with_a_busy_process_probes_at_about_half_the_rate():
         hog.kill()
         hog.wait()
     # the scheduler gives two busy processes on one core half each; 0.3-0.7 leaves room for the probe's spread
-    assert 0.3 < shared / alone < 0.7, (alone, shared)
+    assert 0.3 < shared.rate / alone.rate < 0.7, (alone, shared)
+    # and the probe says it was not alone (the busy process took the other half of the core): the gate then
+    # does not rescale by it
+    assert not alone.busy and shared.busy and 0.35 < shared.other_busy_cores < 0.65, (alone, shared)
 
 
 def test_a_run_keeps_the_mean_of_the_probes_before_and_after():
     before, after = MachineSpeed(PROBE, 100.0, 0.02, (0, 1)), MachineSpeed(PROBE, 110.0, 0.03, (0, 1))
+    assert run_speed(before, MachineSpeed(PROBE, 110.0, 0.03, (0, 1), other_busy_cores=0.9))["busy"] is True
     record = run_speed(before, after)
-    assert record["rate"] == pytest.approx(105.0) and record["probe"] == PROBE
+    assert record["rate"] == pytest.approx(105.0) and record["probe"] == PROBE and record["busy"] is False
     assert record["before"]["rate"] == 100.0 and record["after"]["cores"] == [0, 1]
