@@ -141,12 +141,24 @@ def _own_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _probe_here() -> MachineSpeed:
-    """In this process: one thread, pinned to each core in turn; and what other processes used meanwhile."""
+def _machine_cores() -> tuple[int, ...]:
+    """The machine's first CORES_PROBED cores, whatever the caller was pinned to (a client pinned to one core
+    still probes what the baseline probed); those this process may use where a cpuset forbids the rest."""
+    online = set(range(os.cpu_count() or 1))
+    try:
+        os.sched_setaffinity(0, online)
+    except OSError:
+        pass
+    return tuple(sorted(os.sched_getaffinity(0)))[:CORES_PROBED]
+
+
+def _probe_here(cores: tuple[int, ...] | None = None) -> MachineSpeed:
+    """In this process: one thread, pinned to each core in turn (default: the machine's); and what other
+    processes used meanwhile."""
     import torch
 
     torch.set_num_threads(1)
-    cores = tuple(sorted(os.sched_getaffinity(0)))[:CORES_PROBED]
+    cores = cores or _machine_cores()
     per_core, every = [], []
     busy0, own0, wall0 = _busy_cpu_seconds(), _own_cpu_seconds(), time.perf_counter()
     for core in cores:
@@ -179,4 +191,11 @@ def run_speed(before: MachineSpeed, after: MachineSpeed) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(_probe_here().as_dict()))
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Probe this machine's speed; prints one JSON line.")
+    parser.add_argument("--cores", default=None, help="comma-separated cores to probe (default: the machine's first "
+                                                       f"{CORES_PROBED})")
+    args = parser.parse_args()
+    chosen = tuple(int(c) for c in args.cores.split(",")) if args.cores else None
+    print(json.dumps(_probe_here(chosen).as_dict()))

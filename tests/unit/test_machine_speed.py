@@ -8,22 +8,27 @@ import sys
 
 import pytest
 
-from harness.machine_speed import PROBE, MachineSpeed, measure_machine_speed, run_speed
+from harness.machine_speed import CORES_PROBED, PROBE, MachineSpeed, measure_machine_speed, run_speed
 from harness.paths import REPO_ROOT
 
 
 def probe_on(core: int) -> MachineSpeed:
-    out = subprocess.run([sys.executable, "-m", "harness.machine_speed"], capture_output=True, text=True,
-                         check=True, cwd=REPO_ROOT, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    out = subprocess.run([sys.executable, "-m", "harness.machine_speed", "--cores", str(core)], capture_output=True,
+                         text=True, check=True, cwd=REPO_ROOT)
     data = json.loads(out.stdout)
     return MachineSpeed(data["probe"], data["rate"], data["spread"], tuple(data["cores"]), data["machine"],
                         data["other_busy_cores"])
 
 
-def test_the_probe_reports_its_name_rate_and_cores():
-    speed = measure_machine_speed()
+def test_the_probe_reports_its_name_rate_and_the_machine_cores_even_from_a_pinned_caller():
+    caller = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(caller)})  # as a bench client pinned to the frontend core
+    try:
+        speed = measure_machine_speed(settle_s=0)
+    finally:
+        os.sched_setaffinity(0, caller)
     assert speed.probe == PROBE and speed.rate > 0 and speed.spread >= 0
-    assert set(speed.cores) <= os.sched_getaffinity(0)
+    assert set(speed.cores) == set(sorted(caller)[:CORES_PROBED])
 
 
 @pytest.mark.timing  # alone on the machine (make test's sequential run): it measures a core's share
