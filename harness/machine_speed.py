@@ -30,10 +30,10 @@ from pathlib import Path
 
 # Its name goes into baselines and runs: a changed workload is a new name, so old and new never compare.
 PROBE = "eager-torch-decode-v1"
-# Beyond this factor between a run's probe and its baseline's, the runs are on different machines, not on one
-# machine on different days: the gate refuses to compare them (record a profile for that machine instead).
+# Beyond this factor between a run's probe and its baseline's, on one kind of machine, something other than a
+# day's drift is measured (the largest seen between days of one kind: 1.8x): the gate refuses to compare.
 MAX_FACTOR = 5.0
-CORES_PROBED = 4  # the first cores of the process's affinity; more adds time, not information
+CORES_PROBED = 4  # the machine's first cores; more adds time, not information
 REPEATS = 5
 REPEAT_S = 0.15
 # Other processes' CPU use (in cores) beyond which a probe does not stand for the server's speed. The probe is

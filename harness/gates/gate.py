@@ -159,8 +159,9 @@ def speed_factor(baseline: Baseline, runs: list[RunDir]) -> tuple[float | None, 
         return None, None
     if any(not s for s in speeds):
         return None, (f"the baseline recorded the machine's speed ({base['rate']:g} {base.get('unit', '')} on "
-                      f"{base['probe']}) but a candidate run did not (a server elsewhere, or a run without "
-                      "--machine-speed): compared as recorded, not rescaled to this day")
+                      f"{base['probe']}) but a candidate run did not (a server on another machine, `qwen36 bench` "
+                      "without --machine-speed, a live gate with --no-machine-speed): compared as recorded, "
+                      "not rescaled to this day")
     probes = {s["probe"] for s in speeds}
     if probes != {base["probe"]}:
         return None, (f"the speed probes differ (baseline {base['probe']}, candidates {sorted(probes)}): "
