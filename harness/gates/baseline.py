@@ -4,7 +4,7 @@
     identity: {model, model_files_sha256, datasets: [[name, sha256]], server_args: [...], hardware: ...,
                workload: {preset: gate, description: ...}}                  # preset: required, a bench preset
     recorded: {source: measured | imported, how: <command>, when: <ISO time>, commit: <git sha>, note: ...}
-    machine_speed: {probe: <name>, unit: steps/s, rate: <median of the runs'>}  # optional: harness.machine_speed
+    machine_speed: {probe, unit, rate, machine, busy}                 # optional: harness.machine_speed
     tolerance_floor: 0.08                                             # optional, relative metrics only
     tolerances: {metric: {value: 0.05, scale: relative | absolute}}   # default for a point without its own
     noise: {point: {metric: cv}}                                      # measured spread, for the record
