@@ -11,8 +11,9 @@ commit slows the server and not the probe.
 
 A scale factor holds between days of one kind of machine, not between kinds: on 2026-12-03 a VM of another
 kernel build served the tiny model's decode 4.4 times and its official-like prefill 17 times as fast as the
-2026-12-02 recording's VM. So the probe also names the machine's kind (`machine`: CPU count, model and the
-vector and matrix extensions that choose vLLM CPU's kernels), and a gate refuses a baseline of another kind.
+2026-12-02 recording's VM. So the probe also names the machine's kind (`machine`: CPU count, model, the
+vector and matrix extensions that choose vLLM CPU's kernels, the kernel), and a gate refuses a baseline of
+another kind.
 
     python -m harness.machine_speed     # prints one JSON line: the rate and its spread
 """
@@ -72,7 +73,10 @@ class MachineSpeed:
 
 def machine_kind(cpuinfo: str | None = None, amx_usable: bool | None = None) -> str:
     """The kind of machine, for comparing baselines: architecture, CPU count, CPU vendor, family and model, the
-    KIND_FLAGS it has, and whether torch can use AMX here (the kernel must allow it; vLLM CPU asks torch)."""
+    KIND_FLAGS it has, whether torch can use AMX here (the kernel must allow it; vLLM CPU asks torch), and the
+    kernel's release. The kernel is there because a VM's CPU model and flags can be a template that hides the
+    host: the one change of kind seen so far (2026-12-03: 4.4x decode, 17x prefill) came with a new kernel build
+    (fc-v1045 -> fc-v1147); a kernel update then costs a re-recording, never a wrong comparison."""
     import platform
 
     if cpuinfo is None:
@@ -92,7 +96,7 @@ def machine_kind(cpuinfo: str | None = None, amx_usable: bool | None = None) -> 
     cpu = " ".join(fields.get(k, "?") for k in ("vendor_id", "cpu family", "model"))
     return (f"{platform.machine()}, {os.cpu_count()} CPUs, {cpu}, "
             f"{' '.join(f for f in KIND_FLAGS if f in flags) or 'no vector extensions listed'}, "
-            f"AMX {'usable' if amx_usable else 'not usable'}")
+            f"AMX {'usable' if amx_usable else 'not usable'}, kernel {platform.release()}")
 
 
 def _step(x, weights):

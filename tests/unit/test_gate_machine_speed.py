@@ -7,6 +7,7 @@ slower server ran twice as fast as the recording's normal one.
 from __future__ import annotations
 
 import json
+import platform
 
 import numpy as np
 import pytest
@@ -19,7 +20,8 @@ from harness.gates.gate import rescaled
 from tests.unit.test_gate_runs import SCORING, baseline_from, make_run, repeat, write_run
 
 RECORDED_RATE = 400.0
-KIND = "x86_64, 2 CPUs, GenuineIntel 6 167, avx2 avx512f avx512_bf16 avx512_fp16 amx_tile amx_bf16, AMX usable"
+KIND = ("x86_64, 2 CPUs, GenuineIntel 6 167, avx2 avx512f avx512_bf16 avx512_fp16 amx_tile amx_bf16, AMX usable, "
+        "kernel 6.18.44-fc-v1147")
 
 
 def speed(rate: float, probe: str = PROBE, machine: str = KIND) -> dict:
@@ -113,16 +115,17 @@ def test_a_probe_taken_on_a_busy_machine_does_not_rescale(recorded, tmp_path):
 
 
 def test_a_baseline_of_another_kind_of_machine_is_refused_even_at_the_same_speed(recorded, tmp_path):
-    other_kind = KIND.replace("AMX usable", "AMX not usable")
+    other_kind = KIND.replace("fc-v1147", "fc-v1045")
     with pytest.raises(NotComparable, match="another kind of machine"):
         gate(recorded, [candidate(tmp_path, "k", 64.0, 0.29, RECORDED_RATE, machine=other_kind)], SCORING)
 
 
-def test_machine_kind_names_the_cpu_and_the_extensions_that_choose_the_kernels():
+def test_machine_kind_names_the_cpu_the_extensions_that_choose_the_kernels_and_the_kernel():
     cpuinfo = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
                "flags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_tile amx_bf16 avx512_vnni\n")
     kind = machine_kind(cpuinfo, amx_usable=False)
-    assert kind.endswith("GenuineIntel 6 143, avx2 avx512f avx512_bf16 amx_tile amx_bf16, AMX not usable")
+    expected = "GenuineIntel 6 143, avx2 avx512f avx512_bf16 amx_tile amx_bf16, AMX not usable"
+    assert f"{expected}, kernel {platform.release()}" in kind
     assert machine_kind(cpuinfo.replace(" avx512_bf16", ""), amx_usable=False) != kind
 
 
