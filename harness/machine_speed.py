@@ -70,6 +70,12 @@ class MachineSpeed:
     def as_dict(self) -> dict:
         return {**asdict(self), "cores": list(self.cores), "unit": "steps/s"}
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "MachineSpeed":
+        """What as_dict wrote (the probe's JSON line)."""
+        return cls(data["probe"], data["rate"], data["spread"], tuple(data["cores"]), data["machine"],
+                   data["other_busy_cores"])
+
 
 def machine_kind(cpuinfo: str | None = None, amx_usable: bool | None = None) -> str:
     """The kind of machine, for comparing baselines: architecture, CPU count, CPU vendor, family and model, the
@@ -182,9 +188,7 @@ def measure_machine_speed(timeout_s: float = 120.0, settle_s: float = SETTLE_S) 
     time.sleep(settle_s)
     out = subprocess.run([sys.executable, "-m", "harness.machine_speed"], capture_output=True, text=True,
                          timeout=timeout_s, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    data = json.loads(out.stdout.strip().splitlines()[-1])
-    return MachineSpeed(data["probe"], data["rate"], data["spread"], tuple(data["cores"]), data["machine"],
-                        data["other_busy_cores"])
+    return MachineSpeed.from_dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def run_speed(before: MachineSpeed, after: MachineSpeed) -> dict:

@@ -32,8 +32,6 @@ def embedded_server_only(pytestconfig):
 class CpuTiny:
     """The `cpu-tiny` profile the timing run's gates compare with, and where its file is."""
     root: Path
-    # None: the committed file, recorded on this kind of machine; else why it was recorded in this session
-    recorded_here_because: str | None = None
 
     def load(self) -> Baseline:
         return load_baseline(PROFILE, self.root)
@@ -64,8 +62,9 @@ def cpu_tiny(pytestconfig, openai_server, tmp_path_factory) -> CpuTiny:
     save_baseline(baseline, out / "baselines")
     why = (f"the committed {PROFILE} was recorded on {recorded_on!r}, this machine is {here!r}: the timing run's "
            f"gates compare with a {PROFILE} recorded now on the session's server ({out / 'baselines'}), so they "
-           "cannot see a slower commit here. Commit a profile for this kind: `qwen36 baseline record --profile "
-           f"{PROFILE}-<kind> --repeats {RECORD_REPEATS} --tolerance-floor {committed.tolerance_floor}`")
+           "cannot see a slower commit here. If CI now runs on this kind, record the committed one here: "
+           f"`qwen36 baseline record --profile {PROFILE} --repeats {RECORD_REPEATS} --preset gate "
+           f"--tolerance-floor {committed.tolerance_floor} --update`")
     warnings.warn(CommittedBaselineNotApplicable(why))
     print(f"\n{why}")
-    return CpuTiny(out / "baselines", why)
+    return CpuTiny(out / "baselines")

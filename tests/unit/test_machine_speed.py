@@ -15,9 +15,7 @@ from harness.paths import REPO_ROOT
 def probe_on(core: int) -> MachineSpeed:
     out = subprocess.run([sys.executable, "-m", "harness.machine_speed", "--cores", str(core)], capture_output=True,
                          text=True, check=True, cwd=REPO_ROOT)
-    data = json.loads(out.stdout)
-    return MachineSpeed(data["probe"], data["rate"], data["spread"], tuple(data["cores"]), data["machine"],
-                        data["other_busy_cores"])
+    return MachineSpeed.from_dict(json.loads(out.stdout))
 
 
 def test_the_probe_reports_its_name_rate_and_the_machine_cores_even_from_a_pinned_caller():

@@ -1,15 +1,12 @@
 """Process placement for the embedded server (harness/placement.py), on real processes."""
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
-import time
 
-import psutil
 import pytest
 
 from harness.placement import CpuLayout, apply_to_server, client_on, plan_layout
+from tests.unit.stand_in_vllm import stand_in_server
 
 
 def test_two_cores_put_engine_with_worker_and_frontend_alone():
@@ -31,23 +28,6 @@ def test_layout_tells_vllm_where_the_worker_threads_go():
 
 
 needs_two = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to place processes apart")
-
-
-@contextlib.contextmanager
-def stand_in_server():
-    """A stand-in tree with vLLM's process titles: leader (API server) -> engine core, worker."""
-    script = "(exec -a VLLM::EngineCore sleep 30) & (exec -a VLLM::Worker sleep 30) & wait"
-    leader = subprocess.Popen(["bash", "-c", script], start_new_session=True)
-    try:
-        deadline = time.monotonic() + 10
-        kids: dict = {}
-        while set(kids) != {"VLLM::EngineCore", "VLLM::Worker"} and time.monotonic() < deadline:
-            time.sleep(0.05)  # until both subshells have exec'd under their titles
-            kids = {p.cmdline()[0]: p for p in psutil.Process(leader.pid).children()}
-        yield leader, kids
-    finally:
-        os.killpg(leader.pid, 9)
-        leader.wait()
 
 
 @needs_two

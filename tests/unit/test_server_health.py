@@ -1,37 +1,16 @@
 """harness.server_health on stand-in process trees with vLLM's process titles."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import subprocess
 import time
 
 import psutil
 
 from harness.server_health import dead_server_reports, why_down
+from tests.unit.stand_in_vllm import stand_in_server
 
-
-@contextlib.contextmanager
-def stand_in_server():
-    """leader (the API server) -> a child titled as vLLM's engine core; yields (leader, engine core)."""
-    # The leader outlives its child (exec, not wait): as vLLM's API server does for a while.
-    script = "(exec -a VLLM::EngineCore sleep 60) & exec sleep 60"
-    leader = subprocess.Popen(["bash", "-c", script], start_new_session=True)
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            kids = [p for p in psutil.Process(leader.pid).children() if p.cmdline()[:1] == ["VLLM::EngineCore"]]
-            if kids:
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("the stand-in engine core did not start")
-        yield leader, kids[0]
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(leader.pid, 9)
-        leader.wait()
+ENGINE = "VLLM::EngineCore"
 
 
 def _wait_until(condition, timeout_s: float = 5.0) -> None:
@@ -41,12 +20,13 @@ def _wait_until(condition, timeout_s: float = 5.0) -> None:
 
 
 def test_a_server_with_its_engine_core_is_up():
-    with stand_in_server() as (leader, _):
+    with stand_in_server((ENGINE,)) as (leader, _):
         assert why_down(leader.pid) is None
 
 
 def test_a_server_whose_engine_core_died_is_down_while_its_api_server_still_runs():
-    with stand_in_server() as (leader, engine):
+    with stand_in_server((ENGINE,)) as (leader, kids):
+        engine = kids[ENGINE]
         engine.kill()
         _wait_until(lambda: why_down(leader.pid) is not None)
         assert leader.poll() is None
@@ -54,7 +34,7 @@ def test_a_server_whose_engine_core_died_is_down_while_its_api_server_still_runs
 
 
 def test_a_server_whose_api_server_exited_is_down_even_unreaped():
-    with stand_in_server() as (leader, _):
+    with stand_in_server((ENGINE,)) as (leader, _):
         os.killpg(leader.pid, 9)
         _wait_until(lambda: psutil.Process(leader.pid).status() == psutil.STATUS_ZOMBIE)
         assert why_down(leader.pid) == "its API server has exited"  # a zombie: this test has not waited yet
@@ -62,7 +42,8 @@ def test_a_server_whose_api_server_exited_is_down_even_unreaped():
 
 
 def test_reports_name_the_down_server_with_its_log_tail_and_skip_the_rest(tmp_path):
-    with stand_in_server() as (up, _), stand_in_server() as (down, engine):
+    with stand_in_server((ENGINE,)) as (up, _), stand_in_server((ENGINE,)) as (down, kids):
+        engine = kids[ENGINE]
         for name, leader in (("session", up), ("no-cache", down)):
             (tmp_path / f"{name}.log").write_text("".join(f"{name} line {i}\n" for i in range(100)))
             (tmp_path / f"{name}.json").write_text(json.dumps({
