@@ -57,6 +57,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "Without it, server suites start the embedded tiny vLLM CPU server.",
     )
     group.addoption(
+        "--api-key",
+        default=os.environ.get("OPENAI_API_KEY"),
+        help="With --server-url: the key the server wants (vLLM's --api-key), sent as a Bearer token by every "
+        "server suite (default: $OPENAI_API_KEY).",
+    )
+    group.addoption(
         "--target-name",
         default=None,
         help="Name of the server under test for API-conformance snapshots "

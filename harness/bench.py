@@ -15,7 +15,7 @@ import httpx
 
 from harness import datasets as ds
 from harness.artifacts import manifest, new_run_dir, write_json, write_records
-from harness.client import ClientConfig
+from harness.client import API_KEY_FIX, UNAUTHORIZED, ClientConfig
 from harness.errors import HarnessError
 from harness.hardware import HardwareSampler, summarize_samples
 from harness.machine_speed import MachineSpeed, measure_machine_speed, run_speed
@@ -51,6 +51,12 @@ PRESETS: dict[str, tuple[Workload, ...]] = {
     # requests swung 56-98 tok/s between repeats of one run (2026-12-01).
     "gate": (Workload("decode-micro", (2,), requests=16, output_tokens=64),
              Workload("official-like", (1,), requests=8)),
+    # CI's paired gates' blocks (harness.gates.interleave): short, because on the 2-core CI machines speed moves within
+    # seconds and the pair of blocks must see the same machine. Blocks of 8 decode requests of 32 tokens gave pair
+    # ratios half as spread as blocks of 16 of 64 (2026-12-03, docs/perf-gates.md); official-like's 4 requests of
+    # one session with 8 output tokens measure its prefill (TTFT) and its prefix cache, not its decode.
+    "paired": (Workload("decode-micro", (2,), requests=8, output_tokens=32),
+               Workload("official-like", (1,), requests=4, output_tokens=8)),
     # The `bi-v100-tp4-245k` profile's workload, as the team's BI-V100 records describe it (docs/design.md):
     # 8 requests at concurrency 1, max_tokens 256, cumulative multi-turn with tools, prompts capped at 40K tokens.
     "bi-v100-ledger": (Workload("official-like", (1,), requests=8, output_tokens=256, prompt_cap_tokens=40000),),
@@ -96,6 +102,9 @@ def list_models(base_url: str, api_key: str | None) -> list[str]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         r = httpx.get(base_url.rstrip("/") + "/v1/models", headers=headers, timeout=30)
+        if r.status_code == UNAUTHORIZED:
+            raise HarnessError(f"server {base_url}: GET /v1/models answered 401{' to the key given' if api_key else ''}: "
+                               f"{API_KEY_FIX}")
         r.raise_for_status()
         return [m["id"] for m in r.json()["data"]]
     except (httpx.HTTPError, KeyError, ValueError) as exc:
@@ -254,7 +263,10 @@ def _reachable(base_url: str, api_key: str | None) -> bool:
 
 def write_outputs(run_dir: Path, cfg: BenchConfig, base_url: str, model: str, server: ManagedServer | None,
                   model_dir: Path | None, results: list[PointResult], end_reason: str, scrapes: dict,
-                  scoring: Scoring, sampler_tool: str | None, machine_speed: dict | None = None) -> None:
+                  scoring: Scoring, sampler_tool: str | None, machine_speed: dict | None = None,
+                  quiet: bool = False) -> None:
+    """manifest.json, requests.jsonl, summary.json, report.md and plot.png; the metrics table on stdout unless
+    `quiet`."""
     man = manifest(base_url=base_url, model=model,
                    server_command=server.command_line if server else cfg.server_command,
                    datasets=[r.point.dataset for r in results], seeds={"dataset": cfg.seed},
@@ -302,5 +314,6 @@ def write_outputs(run_dir: Path, cfg: BenchConfig, base_url: str, model: str, se
                  scoring=scoring, end_reason=end_reason, server_view=server_view or None, hardware=hardware,
                  notes=notes)
     write_plot(run_dir / "plot.png", [(r.point.name, r.records) for r in results])
-    print(metrics_table(table_points, scoring))
-    print(f"\nrun ended: {end_reason}; run directory: {run_dir}")
+    if not quiet:
+        print(metrics_table(table_points, scoring))
+        print(f"\nrun ended: {end_reason}; run directory: {run_dir}")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import signal
 import sys
@@ -56,7 +57,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="a running OpenAI-compatible server, e.g. http://10.0.0.5:8000 "
                         "(default: start the embedded tiny vLLM CPU server)")
     b.add_argument("--model", default=None, help="model name to request (default: the server's first model)")
-    b.add_argument("--api-key", default=None)
+    b.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                   help="the key the server wants (vLLM's --api-key), sent as a Bearer token (default: $OPENAI_API_KEY)")
     b.add_argument("--preset", choices=("quick", "gate", "bi-v100-ledger"), default=None,
                    help="quick: decode-micro at c=1,2,4 and a small official-like run (what `make bench` runs); "
                         "gate: the perf gate's workload (decode-micro and official-like at c=2); "

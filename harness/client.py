@@ -44,6 +44,9 @@ class RequestRecord:
     # Arrival of every output event, in microseconds after t_first: the raw stream timing, from which the
     # largest gap (a stall) is read independently of TPOT.
     output_offsets_us: list[int] = field(default_factory=list)
+    # How long the client's own event loop was late during the request's longest wait (harness.loop_lag);
+    # None: not measured. A stall is the client's only when this shows it.
+    client_late_s: float | None = None
     failure: str | None = None  # one of FAILURE_CLASSES, None on success
     error: str | None = None
     tags: dict = field(default_factory=dict)  # dataset/run context: phase, concurrency, session, turn...
@@ -111,6 +114,18 @@ class ClientConfig:
     stall_timeout_s: float = 120.0  # longest silence between two stream reads
 
 
+UNAUTHORIZED = 401
+API_KEY_FIX = ("the server wants an API key (it was started with --api-key): give it with --api-key KEY, or set "
+               "OPENAI_API_KEY")
+
+
+def status_error(status: int, text: str) -> str:
+    """A non-200 answer, as a record's error says it: a missing or wrong key names how to give one."""
+    if status == UNAUTHORIZED:
+        return f"HTTP 401: {API_KEY_FIX}; it answered: {text[:300]}"
+    return f"HTTP {status}: {text[:500]}"
+
+
 def endpoint_for(body: dict) -> str:
     return "/v1/chat/completions" if "messages" in body else "/v1/completions"
 
@@ -170,7 +185,7 @@ async def _stream_into(http: httpx.AsyncClient, endpoint: str, body: dict, rec: 
         rec.http_status = resp.status_code
         if resp.status_code != 200:
             text = (await resp.aread()).decode(errors="replace")
-            _fail(rec, "http_status", f"HTTP {resp.status_code}: {text[:500]}")
+            _fail(rec, "http_status", status_error(resp.status_code, text))
             return
         async for line in resp.aiter_lines():
             now = time.monotonic_ns()

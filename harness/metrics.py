@@ -22,6 +22,7 @@ import yaml
 
 from harness.client import FAILURE_CLASSES, RequestRecord
 from harness.errors import HarnessError
+from harness.loop_lag import client_caused
 from harness.paths import SCORING_FILE
 
 Direction = Literal["higher", "lower", "info"]
@@ -72,10 +73,12 @@ def stall_kind(r: RequestRecord) -> str | None:
 class MeasuredRun:
     """A point's measured requests (warm-up left out), split once for the metrics' computations.
 
-    `exclude_stalled`: leave stalled requests (`stall_kind`) out of the per-request timing percentiles
-    (`timed`). Right for a client that shares the machine with the server, where a stall is the client
-    descheduled while the server kept sending (harness/placement.py); wrong for a remote server, where a
-    stall is the server's and the platform sees it too. Run-level metrics keep every successful request."""
+    `exclude_stalled`: leave out of the per-request timing percentiles (`timed`) the stalled requests (`stall_kind`)
+    whose stall the client's own event loop was late for (harness.loop_lag: measured, not assumed). Right for a
+    client that shares the machine with the server, where the client can be descheduled while the server keeps
+    sending (harness/placement.py); a stall the loop was on time for is the server's and stays in every metric.
+    Against a remote server nothing is left out: the platform sees every stall. Run-level metrics keep every
+    successful request."""
 
     def __init__(self, records: list[RequestRecord], scoring: Scoring, exclude_stalled: bool):
         self.records = [r for r in records if not r.tags.get("warmup")]
@@ -85,7 +88,8 @@ class MeasuredRun:
         kinds = [(r, stall_kind(r)) for r in self.ok]
         self.stalled = [r for r, kind in kinds if kind]
         self.held_back = sum(1 for _, kind in kinds if kind == "held_back")
-        self.timed = [r for r, kind in kinds if not (exclude_stalled and kind)]
+        self.client_stalled = [r for r in self.stalled if client_caused(r)]
+        self.timed = [r for r, kind in kinds if not (exclude_stalled and kind and client_caused(r))]
         starts = [r.t0_ns for r in self.records if r.t0_ns is not None]
         ends = [r.t_end_ns for r in self.records if r.t_end_ns is not None]
         self.duration_s = (max(ends) - min(starts)) / 1e9 if starts and ends else None
@@ -316,7 +320,7 @@ def summarize(records: list[RequestRecord], scoring: Scoring, exclude_stalled: b
         failures={c: sum(1 for r in run.records if r.failure == c) for c in FAILURE_CLASSES},
         notes=_notes(run),
         bursty_requests=run.held_back,
-        stalled_excluded=len(run.stalled) if exclude_stalled else 0,
+        stalled_excluded=len(run.client_stalled) if exclude_stalled else 0,
         cached_tokens_missing=run.cached_missing,
     )
 
@@ -330,9 +334,10 @@ def _notes(run: MeasuredRun) -> list[str]:
         what = (f"{run.held_back} read in one burst (TPOT under 0.2 ms), {len(run.stalled) - run.held_back} with "
                 "a mid-stream gap followed by a burst")
         labels = " / ".join(f.label for f in TIMING_PERCENTILES)
-        fate = (f"left out of {labels} percentiles (client and server share this machine: the client was "
-                "descheduled, see harness/placement.py)" if run.exclude_stalled else
-                "kept in every metric: their TPOT / output TPS are not decode speed")
+        client = len(run.client_stalled)
+        fate = (f"{client} of them the client's (its event loop was late for most of the stall, harness.loop_lag): "
+                f"left out of {labels} percentiles; the rest were the server's and stay in every metric"
+                if run.exclude_stalled else "kept in every metric: their TPOT / output TPS are not decode speed")
         notes.append(f"{len(run.stalled)} of {len(run.ok)} successful request(s) stalled ({what}); {fate}")
     if run.has_throughput and run.cached_missing:
         notes.append(f"{run.cached_missing} successful request(s) had no cached_tokens: cache metrics and "

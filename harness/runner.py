@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from harness.client import ClientConfig, RequestRecord, make_http_client, stream_request
 from harness.datasets import Dataset, Item
+from harness.loop_lag import LoopLag, attribute
 from harness.metrics import RunSummary, Scoring, summarize
 
 
@@ -73,6 +74,19 @@ async def _run_point(cfg: ClientConfig, point: Point, scoring: Scoring, stop: as
                      on_repeat: Callable[[], None] | None, show_progress: bool,
                      exclude_stalled: bool) -> PointResult:
     result = PointResult(point)
+    lag = LoopLag()  # the client's own lateness, which tells a client's stall from a server's
+    lag_task = asyncio.create_task(lag.run())
+    try:
+        return await _measure_point(cfg, point, scoring, stop, on_repeat, show_progress, exclude_stalled, result,
+                                    lag)
+    finally:
+        lag_task.cancel()
+        await asyncio.gather(lag_task, return_exceptions=True)
+
+
+async def _measure_point(cfg: ClientConfig, point: Point, scoring: Scoring, stop: asyncio.Event,
+                         on_repeat: Callable[[], None] | None, show_progress: bool, exclude_stalled: bool,
+                         result: PointResult, lag: LoopLag) -> PointResult:
     ds = point.dataset
     # One client per point: the warm-up opens the connections the measured phase then reuses.
     async with make_http_client(cfg, max_connections=max(point.concurrency, 1)) as http:
@@ -89,6 +103,7 @@ async def _run_point(cfg: ClientConfig, point: Point, scoring: Scoring, stop: as
             measured = await _run_items(http, cfg, ds.items, point.concurrency, {**base, "warmup": False}, bar,
                                         stop, f"{point.name}-r{rep}")
             bar.close()
+            attribute(measured, lag)
             result.records += measured
             if stop.is_set():
                 result.interrupted = True

@@ -81,7 +81,7 @@ def embedded_server(work_dir: Path | str, model_dir: Path | str | None = None, l
     """The embedded tiny server, not started yet (call start(), or use it as a context manager): on
     `model_dir`, or on the tiny model built into `work_dir`/tiny-model; its log in `log_path`, default
     `work_dir`/server.log; `overrides` go to embedded_config. `qwen36 serve`, `qwen36 bench`, the test
-    session's server and the perf gates' regressed servers all start it here."""
+    session's server and the servers the perf gates compare with it all start it here."""
     if model_dir is None:
         from harness.tiny_model import build_tiny_model
 
@@ -121,6 +121,25 @@ def build_command(cfg: ServerConfig, port: int) -> list[str]:
     return cmd + list(cfg.extra_args)
 
 
+API_KEY_ARG = "--api-key"
+REDACTED = "<redacted>"
+
+
+def redact_api_key(command: list[str]) -> list[str]:
+    """`--api-key SECRET` (or `--api-key=SECRET`) with the secret replaced."""
+    out, hide = [], False
+    for word in command:
+        if hide:
+            out.append(REDACTED)
+            hide = False
+        elif word.startswith(API_KEY_ARG + "="):
+            out.append(f"{API_KEY_ARG}={REDACTED}")
+        else:
+            hide = word == API_KEY_ARG
+            out.append(word)
+    return out
+
+
 def log_tail(path: Path, lines: int = 40) -> str:
     try:
         text = Path(path).read_text(errors="replace")
@@ -154,7 +173,8 @@ class ManagedServer:
 
     @property
     def command_line(self) -> str:
-        return shlex.join(self.command)
+        """The command as logs, manifests and other processes see it: an API key's value is never written."""
+        return shlex.join(redact_api_key(self.command))
 
     def start(self) -> "ManagedServer":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

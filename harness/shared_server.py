@@ -17,7 +17,7 @@ from typing import Callable
 
 from filelock import FileLock
 
-from harness.errors import ServerDied
+from harness.errors import HarnessError, ServerDied
 from harness.server import ManagedServer, embedded_server, terminate_tree
 
 STATE_ENV = "QWEN36_SERVER_STATE_DIR"
@@ -33,25 +33,38 @@ class ServerInfo:
     command: str | None = None
     model_dir: str | None = None
     client_cpus: tuple[int, ...] | None = None  # where a client on this machine should run (harness.placement)
+    api_key: str | None = None  # what its requests must carry (vLLM's --api-key), None: nothing
+    slowdown_file: str | None = None  # its test-only step slowdown (harness.gates.servers.set_step_slowdown)
 
 
-SESSION = "session"  # the session's server; other names are servers the perf gates regress (harness.gates.regressions)
+SESSION = "session"  # the session's server; other names are the servers the perf gates compare (harness.gates.servers)
 
 
-def acquire(state_dir: Path, start: Callable[[Path], tuple[ManagedServer, str]], name: str = SESSION) -> ServerInfo:
-    """Return the server called `name`, starting it with `start(state_dir)` if nobody has yet."""
+def info_of(server: ManagedServer, model_dir: str) -> ServerInfo:
+    """What other processes need to know of a started embedded server."""
+    from patches.step_slowdown import SLOWDOWN_FILE_ENV
+
+    return ServerInfo(server.base_url, server.cfg.served_model_name, server.proc.pid, str(server.log_path),
+                      server.command_line, model_dir, server.client_cpus,
+                      slowdown_file=server.cfg.env.get(SLOWDOWN_FILE_ENV))
+
+
+def with_api_key(info: ServerInfo, key: str) -> ServerInfo:
+    return ServerInfo(**{**asdict(info), "api_key": key})
+
+
+def acquire(state_dir: Path, start: Callable[[Path], ServerInfo], name: str = SESSION) -> ServerInfo:
+    """Return the server called `name`, starting it with `start(state_dir)` if nobody has yet.""" 
     state_dir = Path(state_dir)
     state = state_dir / f"{name}.json"
     with FileLock(str(state_dir / f"{name}.lock")):
         if state.exists():
             return _load(state, name)
         try:
-            server, model_dir = start(state_dir)
-        except ServerDied as exc:
+            info = start(state_dir)
+        except HarnessError as exc:  # a server that died, or one that cannot be started here (the reference's)
             state.write_text(json.dumps({"error": str(exc)}))
             raise
-        info = ServerInfo(server.base_url, server.cfg.served_model_name, server.proc.pid, str(server.log_path),
-                          server.command_line, model_dir, server.client_cpus)
         state.write_text(json.dumps(asdict(info)))
         return info
 
@@ -82,7 +95,11 @@ def owner_pid() -> int | None:
     return int(owner) if owner else None
 
 
-def start_embedded(state_dir: Path) -> tuple[ManagedServer, str]:
-    """The embedded tiny vLLM CPU server on a tiny model built in `state_dir`, ended when the owner dies."""
-    server = embedded_server(state_dir, owner_pid=owner_pid())
-    return server.start(), server.cfg.model
+def start_embedded(state_dir: Path) -> ServerInfo:
+    """The embedded tiny vLLM CPU server on a tiny model built in `state_dir`, ended when the owner dies; with a
+    step slowdown file, as every server the perf gates compare with it has (harness.gates.servers)."""
+    from harness.gates.servers import SESSION_KV_GIB, embedded_env
+
+    server = embedded_server(state_dir, owner_pid=owner_pid(), env=embedded_env(state_dir, SESSION),
+                             cpu_kvcache_gib=SESSION_KV_GIB)
+    return info_of(server.start(), server.cfg.model)

@@ -2,8 +2,8 @@
 
 `make test` runs the suite twice: in parallel, then the `timing` tests alone. Each pytest session used to
 start its own embedded server (about two minutes on two cores, most of it torch.compile), and the timing
-run more, the perf gates' regressed servers (harness.gates.regressions). This owner starts them all
-in the background as soon as it begins (the session's first, then the regressed ones together), then warms
+run more, the servers the perf gates compare with it (harness.gates.servers). This owner starts them all
+in the background as soon as it begins (the session's first, then the others), then warms
 the servers the timing run's gates measure (their prefix caches, harness.gates.measure), so the parallel
 run's other tests proceed meanwhile (tests/conftest.py orders the tests that need the session's server
 last) and the timing run finds them up and warm; both runs share them through `harness.shared_server`, and
@@ -25,11 +25,14 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
 from harness import shared_server
-from harness.gates.regressions import acquire_regressed, warm_for_gates
+from harness.gates.reference import prune_worktrees
+from harness.gates.servers import (MOE_ON, NO_CACHE, REFERENCE, TWIN, acquire_compared, acquire_reference,
+                                   warm_for_gates)
 from harness.server_health import dead_server_reports
 from harness.shared_server import OWNER_ENV, SESSION, STATE_ENV, ServerInfo
 
@@ -59,9 +62,32 @@ Start = Callable[[Path], tuple]  # state_dir -> (ManagedServer, model_dir), as s
 Then = Callable[[Path, ServerInfo], object]  # what to start once the session's server is up
 
 
-def _start_regressed(state_dir: Path, session: ServerInfo) -> None:
-    servers = {SESSION: session, **acquire_regressed(state_dir, session.model_dir)}
-    _say(f"the regressed servers are up; warming the gates' servers (bench output in {state_dir}/warmups.log)")
+PARALLEL_RUN_SERVERS = (NO_CACHE, MOE_ON)
+TIMING_RUN_SERVERS = (TWIN, REFERENCE)
+
+
+def _acquire(state_dir: Path, model_dir: str, name: str) -> ServerInfo | None:
+    """One compared server, or None when it did not start (recorded in its state file: the tests that need it
+    report why, with its log)."""
+    try:
+        if name == REFERENCE:
+            return acquire_reference(state_dir, model_dir)
+        return acquire_compared(state_dir, model_dir, (name,))[name]
+    except Exception as exc:
+        _say(f"the {name} server did not start: {str(exc).splitlines()[0]}")
+        return None
+
+
+def _start_compared(state_dir: Path, session: ServerInfo) -> None:
+    """The servers the perf gates compare with the session's (harness.gates.servers), then their warm-ups."""
+    servers = {SESSION: session}
+    # Two at a time (memory, and two cores): first those the parallel run's tests use, then those of the timing run.
+    for names in PARALLEL_RUN_SERVERS, TIMING_RUN_SERVERS:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            started = {name: pool.submit(_acquire, state_dir, session.model_dir, name) for name in names}
+        servers.update({name: f.result() for name, f in started.items() if f.result() is not None})
+    _say(f"the compared servers are up ({', '.join(sorted(servers))}); warming the gates' servers "
+         f"(bench output in {state_dir}/warmups.log)")
     # The bench prints its tables on stdout; the pytest run's output is the console's.
     try:
         with open(state_dir / "warmups.log", "a") as log, contextlib.redirect_stdout(log):
@@ -91,7 +117,7 @@ def _start_in_background(state_dir: Path, start_server: Start, then: Then | None
 
 
 def run(commands: list[list[str]], start_server: Start = shared_server.start_embedded,
-        then: Then | None = _start_regressed) -> int:
+        then: Then | None = _start_compared) -> int:
     wants_server = not any(word.startswith("--server-url") for c in commands for word in c)
     state_dir = Path(tempfile.mkdtemp(prefix="qwen36-suite-"))
     ours = {STATE_ENV: str(state_dir), OWNER_ENV: str(os.getpid())}
@@ -119,6 +145,7 @@ def run(commands: list[list[str]], start_server: Start = shared_server.start_emb
         # process (its owner) has exited.
         shared_server.release(state_dir)
         shutil.rmtree(state_dir, ignore_errors=True)
+        prune_worktrees()  # the reference's checkout went with the state directory
         signal.signal(signal.SIGTERM, previous_handler)
         for key, value in before.items():
             if value is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 
+from . import step_slowdown
 from .registry import PatchStatus, apply_patches, format_table
 from .settings import PatchSettings, PatchSettingsError, clear_table_logged, mark_table_logged, table_already_logged
 
@@ -29,6 +30,7 @@ def register() -> list[PatchStatus]:
         _log.error("qwen36 patches: not applied: %s", exc)
         return []
     statuses = apply_patches(settings)
+    step_slowdown.install(settings.step_slowdown)  # test-only, and only where its variables are set
     # The API server loads plugins before vLLM configures logging; a record logged then is dropped, so the
     # first process whose log is live (the engine core) logs the table and marks the environment.
     if not (_log.isEnabledFor(logging.INFO) and _log.hasHandlers()):

@@ -30,6 +30,7 @@ from model.moe import MoEConfig
 
 from . import catalog
 from .registry import Patch
+from .step_slowdown import SlowdownError, SlowdownSource
 
 __all__ = ["TABLE_LOGGED_ENV", "PATCH_SET_ENV", "PatchSettings", "PatchSettingsError", "api_patch_switches",
            "table_already_logged", "mark_table_logged", "clear_table_logged"]
@@ -48,6 +49,8 @@ class PatchSettings:
     patches: tuple[Patch, ...]  # the patches these settings were read for (what apply_patches applies)
     switches: Mapping[str, bool]  # patch name -> its switch
     moe: MoEConfig = field(default_factory=MoEConfig)  # the dispatcher's knobs, read by their own config
+    # Not a patch: the perf gates' test-only slowdown (patches/step_slowdown.py); off unless its variables are set.
+    step_slowdown: SlowdownSource = field(default_factory=SlowdownSource)
 
     def is_on(self, name: str) -> bool:
         if name not in self.switches:
@@ -65,7 +68,11 @@ class PatchSettings:
         chosen = patch_set(env, patches)
         switches = {p.name: env_bool(env, p.switch, p.name in chosen or p.default, PatchSettingsError)
                     for p in patches}
-        return cls(patches, switches, MoEConfig.from_env(env))
+        try:
+            slowdown = SlowdownSource.from_env(env)
+        except SlowdownError as exc:
+            raise PatchSettingsError(str(exc)) from None
+        return cls(patches, switches, MoEConfig.from_env(env), slowdown)
 
 
 def patch_set(environ: Mapping[str, str], patches: tuple[Patch, ...]) -> set[str]:

@@ -46,21 +46,21 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def start_order(item: pytest.Item, distributed: bool) -> int:
-    """0: needs no server; then the tests of a server. Under pytest-xdist (`distributed`), 1: the regressed
-    servers' (harness.gates.regressions, up last of all), 2: only the session server's. The regressed servers'
+    """0: needs no server; then the tests of a server. Under pytest-xdist (`distributed`), 1: the compared
+    servers' (harness.gates.servers, up last of all), 2: only the session server's. The compared servers'
     tests are the longest (minutes each): at the end of the parallel run, xdist's load scheduling had queued
     two of them on one worker while the other had nothing left (214 s, 2026-12-02), and its work-stealing mode
     hands out the tests in two halves at the start, so the second worker would wait for the session's server.
     Without xdist the order within a file stands (the timing run's perf gates depend on it)."""
     names = getattr(item, "fixturenames", ())
-    if distributed and "regressed_servers" in names:
+    if distributed and {"compared_servers", "reference_server"} & set(names):
         return 1
     return 2 if "openai_server" in names else 0
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tests that need no server first (a stable sort), so the workers run them while the servers start;
-    under xdist the regressed servers' long tests next, so that short ones are left for the end."""
+    under xdist the compared servers' long tests next, so that short ones are left for the end."""
     distributed = hasattr(config, "workerinput")  # xdist collects in each worker
     items.sort(key=lambda item: start_order(item, distributed))
 
@@ -73,7 +73,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
     report = outcome.get_result()
     state_dir = os.environ.get(STATE_ENV)
-    uses_servers = {"openai_server", "regressed_servers"} & set(getattr(item, "fixturenames", ()))
+    uses_servers = {"openai_server", "compared_servers", "reference_server"} & set(getattr(item, "fixturenames", ()))
     if not (report.failed and state_dir and uses_servers):
         return
     from harness.server_health import dead_server_reports
@@ -84,12 +84,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 @pytest.fixture(scope="session")
 def openai_server(pytestconfig: pytest.Config) -> ServerInfo:
-    """The session's server: `--server-url`, or the embedded tiny vLLM CPU server (shared by all workers)."""
+    """The session's server: `--server-url` (with `--api-key`, default $OPENAI_API_KEY), or the embedded tiny vLLM
+    CPU server (shared by all workers)."""
     url = pytestconfig.getoption("--server-url")
     if url:
         from harness.bench import list_models
+        from harness.errors import HarnessError
 
-        return ServerInfo(url.rstrip("/"), list_models(url, None)[0])
+        key = pytestconfig.getoption("--api-key")
+        try:
+            return ServerInfo(url.rstrip("/"), list_models(url, key)[0], api_key=key)
+        except HarnessError as exc:  # one line that names the fix (a key, the URL), not a traceback
+            pytest.fail(str(exc), pytrace=False)
     state_dir = os.environ.get(STATE_ENV)
     if not state_dir:
         pytest.fail(f"{STATE_ENV} is not set: tests/conftest.py's pytest_configure did not run in the controller")
@@ -100,17 +106,35 @@ def openai_server(pytestconfig: pytest.Config) -> ServerInfo:
     return shared_server.acquire(Path(state_dir), shared_server.start_embedded)
 
 
-@pytest.fixture(scope="session")
-def regressed_servers(pytestconfig: pytest.Config, openai_server: ServerInfo) -> dict[str, ServerInfo]:
-    """The servers of harness.gates.regressions, by name: the embedded server plus the arguments of a regression
-    (the perf gates', and the pair the MoE substitution test compares). Under `make test` they start
-    during the parallel run (harness.suite_session); otherwise here, together, the first time a test asks.
-    Idle, a vLLM server's processes nearly sleep (docs/perf-gates.md: ~2% of a core each)."""
+def _embedded_state(pytestconfig: pytest.Config, what: str) -> Path:
     if pytestconfig.getoption("--server-url"):
-        pytest.skip("the regressed servers are the embedded server's; --server-url names another")
-    from harness.gates.regressions import acquire_regressed
-
+        pytest.skip(f"{what} the embedded server's; --server-url names another")
     state_dir = os.environ.get(STATE_ENV)
     if not state_dir:
         pytest.fail(f"{STATE_ENV} is not set: tests/conftest.py's pytest_configure did not run in the controller")
-    return acquire_regressed(Path(state_dir), openai_server.model_dir)
+    return Path(state_dir)
+
+
+@pytest.fixture(scope="session")
+def compared_servers(pytestconfig: pytest.Config, openai_server: ServerInfo) -> dict[str, ServerInfo]:
+    """The servers of harness.gates.servers, by name: the session's server started again (the twin), and with the
+    arguments of a regression (the perf gates', and the pair the MoE substitution test compares). Under `make
+    test` they start during the parallel run (harness.suite_session); otherwise here, together, the first time
+    a test asks. Idle, a vLLM server's processes nearly sleep (docs/perf-gates.md: ~2% of a core each)."""
+    from harness.gates.servers import acquire_compared
+
+    return acquire_compared(_embedded_state(pytestconfig, "the compared servers are"), openai_server.model_dir)
+
+
+@pytest.fixture(scope="session")
+def reference_server(pytestconfig: pytest.Config, openai_server: ServerInfo) -> ServerInfo:
+    """The performance reference commit's own server (harness.gates.reference), on the session's model. A reference
+    that cannot run here fails the tests that ask for it, with the command that moves it."""
+    from harness.errors import HarnessError
+    from harness.gates.servers import acquire_reference
+
+    state = _embedded_state(pytestconfig, "the reference's server runs beside")
+    try:
+        return acquire_reference(state, openai_server.model_dir)
+    except HarnessError as exc:
+        pytest.fail(str(exc), pytrace=False)

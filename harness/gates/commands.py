@@ -1,7 +1,8 @@
-"""The `qwen36 baseline record`, `qwen36 gate` and `qwen36 compare` subcommands."""
+"""The `qwen36 baseline record`, `qwen36 gate`, `qwen36 compare`, `qwen36 ab` and `qwen36 reference` subcommands."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -43,6 +44,8 @@ def add_parsers(sub) -> None:
     r.add_argument("--tokenizer", type=Path, default=None,
                    help="with --base-url: the served model's tokenizer.json or its directory, to size official-like "
                         "prompts as the server counts them (default: about 4 characters a token)")
+    r.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                   help="with --base-url: the key the server wants (vLLM's --api-key; default: $OPENAI_API_KEY)")
     r.add_argument("--update", action="store_true", help="replace an existing baseline and print the diff")
     r.add_argument("--out", type=Path, default=None, help="runs root (default: runs/)")
     r.set_defaults(handler=_cmd_record)
@@ -65,12 +68,49 @@ def add_parsers(sub) -> None:
     c.add_argument("--out", type=Path, default=None, help="write compare.md here (default: run B)")
     c.set_defaults(handler=_cmd_compare)
 
+    ab = sub.add_parser("ab", help="interleaved A/B of two servers on this machine: paired verdict, exit 1 when B "
+                                   "regresses against A")
+    ab.add_argument("--a", required=True, metavar="URL", help="the reference server (e.g. main's)")
+    ab.add_argument("--b", required=True, metavar="URL", help="the candidate server")
+    ab.add_argument("--preset", default="gate", help="bench preset whose points each block runs (default: gate)")
+    ab.add_argument("--pairs", type=int, default=None,
+                    help="pairs of blocks (default: fixtures/gates/paired.yaml's, what its tolerances were sized for)")
+    ab.add_argument("--tokenizer", type=Path, default=None,
+                    help="the served model's tokenizer.json or its directory (sizes official-like prompts)")
+    ab.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                    help="sent to both servers (default: $OPENAI_API_KEY)")
+    ab.add_argument("--client-cpus", type=_cpus, default=None,
+                    help="run the client on these cores (what `qwen36 serve` prints), e.g. 1")
+    ab.add_argument("--out", type=Path, default=None, help="runs root (default: runs/)")
+    ab.set_defaults(handler=_cmd_ab)
+
+    ref = sub.add_parser("reference", help="the performance reference commit CI's slower-commit gate measures "
+                                           "HEAD against (fixtures/gates/reference.yaml)")
+    rsub = ref.add_subparsers(dest="reference_cmd", required=True)
+    rsub.add_parser("show", help="print the reference commit").set_defaults(handler=_cmd_reference_show)
+    mv = rsub.add_parser("move", help="point the reference at a commit (default HEAD); then commit the file")
+    mv.add_argument("rev", nargs="?", default="HEAD")
+    mv.add_argument("--note", default="", help="why it moved, kept in the file")
+    mv.set_defaults(handler=_cmd_reference_move)
+    sv = rsub.add_parser("serve", help="start the reference commit's own server (its `qwen36 serve`, in a git "
+                                       "worktree) until Ctrl-C, for `qwen36 ab` by hand")
+    sv.add_argument("--model", type=Path, default=None, help="model directory (default: build the tiny model)")
+    sv.add_argument("--run-dir", type=Path, default=Path("runs/reference"), help="worktree, logs")
+    sv.set_defaults(handler=_cmd_reference_serve)
+
+
+def _cpus(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected core ids like 1 or 2,3") from None
+
 
 def _cmd_record(a) -> int:
     from harness.gates.record import record_baseline
 
     _, diff = record_baseline(a.profile, a.repeats, a.preset, a.base_url, a.update, a.out, hardware=a.hardware,
-                              tolerance_floor=a.tolerance_floor, tokenizer=a.tokenizer,
+                              tolerance_floor=a.tolerance_floor, tokenizer=a.tokenizer, api_key=a.api_key,
                               **({"warmups": a.warmups} if a.warmups is not None else {}))
     if diff:
         print(diff)
@@ -108,3 +148,50 @@ def _cmd_compare(a) -> int:
     out.write_text(text)
     print(f"report: {out}", file=sys.stderr)
     return 0
+
+
+def _cmd_ab(a) -> int:
+    from harness.bench import PRESETS, list_models
+    from harness.gates.interleave import Arm, interleave
+    from harness.gates.paired import PairedTolerances, paired_gate, report_markdown, write_paired_report
+    from harness.paths import RUNS_DIR
+    from harness.shared_server import ServerInfo
+
+    if a.preset not in PRESETS:
+        raise HarnessError(f"--preset {a.preset!r}: choose one of {', '.join(PRESETS)}")
+    tolerances = PairedTolerances.load()
+    pairs = a.pairs or tolerances.pairs
+    arms = [Arm(name, ServerInfo(url.rstrip("/"), list_models(url, a.api_key)[0], client_cpus=a.client_cpus,
+                                 api_key=a.api_key))
+            for name, url in (("A", a.a), ("B", a.b))]
+    run = interleave(arms, PRESETS[a.preset], pairs, a.out or RUNS_DIR, "ab", tokenizer=a.tokenizer,
+                     show_progress=True)
+    report = paired_gate(run.path, "A", "B", tolerances)
+    print(report_markdown(report))
+    md, js = write_paired_report(report, run.path)
+    print(f"report: {md} and {js}", file=sys.stderr)
+    return 0 if report.passed else EXIT_REGRESSION
+
+
+def _cmd_reference_show(a) -> int:
+    from harness.gates.reference import load_reference
+
+    ref = load_reference()
+    print(f"{ref.commit}  (moved {ref.moved}){'  ' + ref.note if ref.note else ''}")
+    return 0
+
+
+def _cmd_reference_move(a) -> int:
+    from harness.gates.reference import move_reference
+    from harness.paths import REFERENCE_FILE
+
+    ref = move_reference(a.rev, a.note)
+    print(f"performance reference -> {ref.commit}; commit it: git commit {REFERENCE_FILE.relative_to(REFERENCE_FILE.parents[2])} "
+          f"-m 'perf reference: {ref.commit[:12]}'")
+    return 0
+
+
+def _cmd_reference_serve(a) -> int:
+    from harness.gates.reference import load_reference, serve_reference_until_stopped
+
+    return serve_reference_until_stopped(load_reference(), a.model, a.run_dir)

@@ -10,7 +10,8 @@ import shlex
 from typing import Iterable
 
 # Arguments whose value says where, not what: dropped from the comparison.
-_WHERE_ARGS = {"--port", "--host", "--uvicorn-log-level", "--served-model-name"}
+# Where it listens and what it answers to, not what it computes (an API key is a secret as well: never recorded).
+_WHERE_ARGS = {"--port", "--host", "--uvicorn-log-level", "--served-model-name", "--api-key"}
 _MODEL_ARGS = {"--model", "--tokenizer", "--chat-template"}
 
 

@@ -97,7 +97,8 @@ def _describe_host(host: dict) -> str:
 def record_baseline(profile: str, repeats: int, preset: str = "gate", base_url: str | None = None,
                     update: bool = False, out_root: Path | None = None, root: Path = BASELINES_DIR,
                     hardware: str | None = None, tolerance_floor: float | None = None,
-                    warmups: int = WARM_REPEATS, tokenizer: Path | None = None) -> tuple[Baseline, str]:
+                    warmups: int = WARM_REPEATS, tokenizer: Path | None = None,
+                    api_key: str | None = None) -> tuple[Baseline, str]:
     """`tokenizer` (tokenizer.json or its model directory) sizes official-like's prompts for a server given by
     URL, as the embedded server's own model files do; without it they are sized at about 4 characters a
     token, a different dataset (and hash) from a run that knew the tokenizer."""
@@ -114,7 +115,7 @@ def record_baseline(profile: str, repeats: int, preset: str = "gate", base_url: 
         raise HarnessError(f"{path} exists; pass --update to replace it (the diff is printed)")
     # `warmups` extra repeats first, measured and kept in the run directory but not in the baseline.
     cfg = BenchConfig(workloads=PRESETS[preset], base_url=base_url, repeats=repeats + warmups,
-                      label=f"baseline-{profile}", tokenizer=tokenizer,
+                      label=f"baseline-{profile}", tokenizer=tokenizer, api_key=api_key,
                       machine_speed=base_url is None or on_this_machine(base_url),
                       **({"out_root": out_root} if out_root else {}))
     run_dir = run_bench(cfg)

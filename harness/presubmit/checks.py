@@ -16,6 +16,7 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 from model.env import TRUE_VALUES, EnvValueError, parse_bool
+from patches.step_slowdown import SLOWDOWN_ENV, SLOWDOWN_FILE_ENV
 
 from . import names
 from .dockerfile import Dockerfile, parse_dockerfile
@@ -34,6 +35,7 @@ _SKIP_DIRS = {".git", ".venv", "runs", "node_modules", "__pycache__", ".pytest_c
 _SKIP_PREFIXES = ("fixtures/presubmit/",)  # the broken fixtures are broken on purpose
 PROFILING_SWITCHES = re.compile(r"^(PROF_(TRACE|MOE_SUMMARY|MOE_SYNC)|ENGINEX_PROFILE_(DECODE|SYNC))$")
 PROFILING_REQUIRED_OFF = ("PROF_TRACE", "PROF_MOE_SUMMARY")  # explicitly 0 in production (docs/design.md)
+TEST_ONLY_SLOWDOWN = (SLOWDOWN_ENV, SLOWDOWN_FILE_ENV)  # never in the platform image, whatever the value
 _DEFAULT_ON_IN_CODE = re.compile(
     r"""environ\.get\(\s*["'](PROF_\w+|ENGINEX_PROFILE_\w+)["']\s*,\s*["'](""" + "|".join(TRUE_VALUES) + r""")["']""")
 _NETWORK_RUN = re.compile(r"\b(curl|wget|git\s+clone|apt-get\s+install|apt\s+install)\b")
@@ -328,6 +330,10 @@ def check_profiling_off(ctx: Context) -> tuple[bool, str]:
                     problems.append(f"{where} turns profiling on ({key}={value}): set it to 0")
             except EnvValueError as exc:
                 problems.append(f"{where}: {exc}")
+    for where, mapping in ((RUN_CONFIG_NAME, env), ("Dockerfile ENV", ctx.dockerfile.envs)):
+        for key in TEST_ONLY_SLOWDOWN:  # patches/step_slowdown.py: makes every engine step slower on purpose
+            if key in mapping:
+                problems.append(f"{where} sets {key}, the perf gates' test-only step slowdown: remove it")
     for pkg in ("model", "patches", "harness"):
         for path in sorted((ctx.root / pkg).rglob("*.py")) if (ctx.root / pkg).exists() else []:
             for m in _DEFAULT_ON_IN_CODE.finditer(path.read_text(errors="replace")):
@@ -335,7 +341,7 @@ def check_profiling_off(ctx: Context) -> tuple[bool, str]:
     if problems:
         return False, "; ".join(problems)
     return True, (f"{', '.join(PROFILING_REQUIRED_OFF)} = 0; no profiling switch on in the run config, Dockerfile "
-                  "or code defaults")
+                  "or code defaults; no test-only step slowdown")
 
 
 @presubmit_check(names.PLUGIN_STATUS)

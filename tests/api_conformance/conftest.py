@@ -51,11 +51,11 @@ def answer(openai_server):
         if key not in _answers:
             context = None
             if case.needs_context_length:
-                context = served_context_tokens(openai_server.base_url)
+                context = served_context_tokens(openai_server)
                 if context is None:
                     pytest.skip(f"{case.name}: the server's /v1/models gives no max_model_len, so no prompt can be "
                                 "sized beyond its context")
-            _answers[key] = send(openai_server.base_url, case.endpoint,
+            _answers[key] = send(openai_server, case.endpoint,
                                  case.request_body(openai_server.model, context), raw=case.raw,
                                  timeout_s=case.timeout_s)
         return _answers[key]

@@ -44,7 +44,7 @@ def test_vllm_parser_returns_the_forced_call_after_closed_reasoning(mode, choice
 def _think_end_token(server) -> int:
     """The served tokenizer's id of `</think>` (vLLM's /tokenize), so the test fits any Qwen3 target."""
     r = httpx.post(f"{server.base_url}/tokenize", timeout=30,
-                   json={"model": server.model, "prompt": "</think>", "add_special_tokens": False})
+                   headers={"Authorization": f"Bearer {server.api_key}"} if server.api_key else {}, json={"model": server.model, "prompt": "</think>", "add_special_tokens": False})
     tokens = r.json().get("tokens") if r.status_code == 200 else None
     if not tokens or len(tokens) != 1:
         pytest.skip(f"the server's tokenizer has no single </think> token (/tokenize: {r.status_code} {r.text[:100]})")
@@ -58,7 +58,7 @@ def test_a_model_made_to_close_its_reasoning_gets_the_forced_call(name, openai_s
     body = c.request_body(openai_server.model)
     # The first token closes the reasoning; after it the forced-call grammar masks `</think>` out.
     body["logit_bias"] = {str(_think_end_token(openai_server)): 100}
-    ex = send(openai_server.base_url, "chat", body, timeout_s=c.timeout_s)
+    ex = send(openai_server, "chat", body, timeout_s=c.timeout_s)
     assert ex.status == 200, ex.text[:300]
     [view] = assemble.choices(ex).values()
     tools = {t["function"]["name"] for t in body["tools"]}

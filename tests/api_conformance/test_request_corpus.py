@@ -117,7 +117,7 @@ def test_refusal_error_code_is_openai_string_or_null(c, answer, conformance_targ
 def test_server_still_answers_after_a_refused_request(c, answer, openai_server) -> None:
     refused = answer(c)
     assert 400 <= refused.status < 500, refused.text[:300]
-    after = send(openai_server.base_url, "chat", {
+    after = send(openai_server, "chat", {
         "model": openai_server.model, "messages": [{"role": "user", "content": "still there?"}], "max_tokens": 2,
     }, timeout_s=60)
     assert after.status == 200, after.text[:300]

@@ -44,7 +44,7 @@ def test_server_prompt_tokens_equal_our_rendering_of_the_patch_template(case: Me
         body["tools"] = case.tools
     if "enable_thinking" in case.kwargs:
         body["chat_template_kwargs"] = {"enable_thinking": case.kwargs["enable_thinking"]}
-    ex = send(openai_server.base_url, "chat", body, timeout_s=60)
+    ex = send(openai_server, "chat", body, timeout_s=60)
     assert ex.status == 200, ex.text[:300]
     ours = render_jinja(case.messages, case.tools, **case.kwargs)
     assert ex.body["usage"]["prompt_tokens"] == len(tokenizer(ours, add_special_tokens=False)["input_ids"])

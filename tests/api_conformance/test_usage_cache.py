@@ -17,8 +17,8 @@ pytestmark = pytest.mark.server
 
 def test_repeated_long_prefix_reports_cached_tokens(openai_server, target_snapshot, record_property) -> None:
     body = cached_prefix_body(openai_server.model)
-    first = send(openai_server.base_url, "chat", body, timeout_s=120)
-    second = send(openai_server.base_url, "chat", body, timeout_s=120)
+    first = send(openai_server, "chat", body, timeout_s=120)
+    second = send(openai_server, "chat", body, timeout_s=120)
     assert (first.status, second.status) == (200, 200), second.text[:300]
     u1, u2 = first.body["usage"], second.body["usage"]
     for u in (u1, u2):

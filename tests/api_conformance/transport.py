@@ -27,21 +27,19 @@ class Exchange:
         return bool(self.raw_events)
 
 
-def served_context_tokens(base_url: str, timeout_s: float = 30.0) -> int | None:
+def served_context_tokens(server, timeout_s: float = 30.0) -> int | None:
     """The served model's context length as vLLM's /v1/models reports it (`max_model_len`), None when the
-    server does not say."""
-    r = httpx.get(base_url.rstrip("/") + "/v1/models", timeout=timeout_s)
+    server does not say. `server`: its `base_url` and `api_key` (harness.shared_server.ServerInfo)."""
+    r = httpx.get(server.base_url.rstrip("/") + "/v1/models", timeout=timeout_s, headers=_auth(server.api_key))
     r.raise_for_status()
     value = (r.json().get("data") or [{}])[0].get("max_model_len")
     return int(value) if isinstance(value, int) else None
 
 
-def send(base_url: str, endpoint: str, body: Any = None, raw: str | None = None, timeout_s: float = 120.0,
-         api_key: str | None = None) -> Exchange:
-    url = base_url.rstrip("/") + ENDPOINTS[endpoint]
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
+def send(server, endpoint: str, body: Any = None, raw: str | None = None, timeout_s: float = 120.0) -> Exchange:
+    """`server`: its `base_url` and the `api_key` its requests carry (harness.shared_server.ServerInfo)."""
+    url = server.base_url.rstrip("/") + ENDPOINTS[endpoint]
+    headers = {"Content-Type": "application/json", **_auth(server.api_key)}
     content = raw.encode() if raw is not None else json.dumps(body).encode()
     stream = raw is None and isinstance(body, dict) and bool(body.get("stream"))
     t0 = time.monotonic()
@@ -62,6 +60,11 @@ def send(base_url: str, endpoint: str, body: Any = None, raw: str | None = None,
                 ex.events.append("[DONE]" if data == "[DONE]" else _json_or_text(data))
             ex.elapsed_s = time.monotonic() - t0
             return ex
+
+
+def _auth(api_key: str | None) -> dict[str, str]:
+    """A server started with --api-key answers 401 to a request without `Authorization: Bearer KEY`."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def _plain(r: httpx.Response, elapsed: float) -> Exchange:

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.server]
 
 
 def test_real_server_streams_output_and_reports_usage_with_cached_tokens(openai_server):
-    cfg = ClientConfig(openai_server.base_url, openai_server.model, timeout_s=120)
+    cfg = ClientConfig(openai_server.base_url, openai_server.model, openai_server.api_key, timeout_s=120)
     body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 16, "min_tokens": 16,
             "ignore_eos": True}
 
@@ -36,7 +36,8 @@ def test_bench_on_real_server_measures_decode_and_official_like(openai_server, t
     cfg = BenchConfig(
         workloads=(Workload("decode-micro", (1, 2), requests=4, output_tokens=32),
                    Workload("official-like", (2,), requests=4, output_tokens=16)),
-        base_url=openai_server.base_url, model=openai_server.model, out_root=tmp_path, show_progress=False,
+        base_url=openai_server.base_url, model=openai_server.model, api_key=openai_server.api_key,
+        out_root=tmp_path, show_progress=False,
         tokenizer=tokenizer, timeout_s=300, client_cpus=openai_server.client_cpus)
     run_dir = run_bench(cfg)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -74,7 +75,8 @@ def test_ttft_and_tpot_agree_with_vllm_benchmark_client(openai_server, record_pr
     from tests.bench.vllm_agreement import compare_with_vllm_bench
 
     with client_on(openai_server.client_cpus):  # the core the server's layout leaves to clients
-        a = compare_with_vllm_bench(openai_server.base_url, openai_server.model, requests=16, output_tokens=64)
+        a = compare_with_vllm_bench(openai_server.base_url, openai_server.model, requests=16, output_tokens=64,
+                                    api_key=openai_server.api_key)
     record_property("agreement", json.dumps(a.as_dict()))
     print(json.dumps(a.as_dict(), indent=2))
     # Pairs the server flushed at once time the server, not the clients: left out, but enough must remain.

@@ -21,6 +21,7 @@ comparable pairs are in or `max_requests` pairs were sent.
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 from dataclasses import asdict, dataclass
 
@@ -61,12 +62,12 @@ class Agreement:
 
 
 async def _measure(base_url: str, model: str, requests: int, output_tokens: int,
-                   max_requests: int) -> Agreement:
+                   max_requests: int, api_key: str | None) -> Agreement:
     import aiohttp
     from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_chat_completions
 
     data = decode_micro(seed=1, requests=requests, output_tokens=output_tokens, warmup=0)
-    cfg = ClientConfig(base_url, model, timeout_s=120)
+    cfg = ClientConfig(base_url, model, api_key, timeout_s=120)
     ours_ttft, ours_tpot, ours_vttft, ours_vtpot, vllm_ttft, vllm_tpot = [], [], [], [], [], []
     def_gaps: list[float] = []
 
@@ -132,6 +133,16 @@ async def _measure(base_url: str, model: str, requests: int, output_tokens: int,
 
 
 def compare_with_vllm_bench(base_url: str, model: str, requests: int = 16, output_tokens: int = 64,
-                            max_requests: int = 96) -> Agreement:
-    """`requests` comparable pairs (both streams streamed), sending at most `max_requests` pairs."""
-    return asyncio.run(_measure(base_url.rstrip("/"), model, requests, output_tokens, max_requests))
+                            max_requests: int = 96, api_key: str | None = None) -> Agreement:
+    """`requests` comparable pairs (both streams streamed), sending at most `max_requests` pairs; `api_key`: for a
+    server started with --api-key (vLLM's client reads it from OPENAI_API_KEY, set for the measurement)."""
+    before = os.environ.get("OPENAI_API_KEY")
+    if api_key:
+        os.environ["OPENAI_API_KEY"] = api_key
+    try:
+        return asyncio.run(_measure(base_url.rstrip("/"), model, requests, output_tokens, max_requests, api_key))
+    finally:
+        if before is None:
+            os.environ.pop("OPENAI_API_KEY", None)
+        else:
+            os.environ["OPENAI_API_KEY"] = before

@@ -1,16 +1,14 @@
 """End-to-end: the plugin's MoE substitution on the real tiny vLLM CPU server gives vLLM's greedy outputs.
 
-Both servers are harness.gates.regressions', started for the perf gates anyway (a start is the dearest thing in
-CI): "on" is the slow-steps server, which has QWEN36_PATCH_MOE=1; "off" is the no-cache server, with the
-substitution off (read from its log), whose start command differs from the "on" one only by prefix caching and
-16-token steps (checked). Neither can change these requests' numbers: every prompt is at most 16 tokens, so
-both servers prefill it in one step (checked from the usage), and the "off" server caches nothing (it must
-report no cached token). Both are eager: the expert layer is one opaque custom op to torch.compile either way,
-so the eager pair tests the same substitution as a compiled one. Requests are sequential and each server is
-held while the test sends them (`exclusive`: the no-cache gate's requests and the slow-steps warm-ups wait),
-so each server decodes with T=1 (decode_fused) after a prefill of the prompt (9-15 tokens: the sorted path),
-which the "on" server's log must show ran. Longer token counts of the sorted path are the numerics suite's
-(tests/numerics/test_moe_expert_paths.py).
+Both servers are harness.gates.servers': "on" is moe-on, which has QWEN36_PATCH_MOE=1; "off" is no-cache (the
+perf gates' prefix-caching regression), with the substitution off (read from its log); their start commands are
+the same (checked), and both want the session's API key. Neither caches: prompts of 9-15 tokens are prefilled in
+one step by both (checked from the usage; the "off" server must report no cached token). Both are eager: the
+expert layer is one opaque custom op to torch.compile either way, so the eager pair tests the same substitution
+as a compiled one. Requests are sequential and each server is held while the test sends them (`exclusive`: the
+no-cache gate's requests wait), so each server decodes with T=1 (decode_fused) after a prefill of the prompt (the
+sorted path), which the "on" server's log must show ran. Longer token counts of the sorted path are the numerics
+suite's (tests/numerics/test_moe_expert_paths.py).
 
 Rule: the top-1 tokens agree and every token's logprob agrees within LOGPROB_TOL nats, with one allowance:
 the sequences may part at a near-tie, a step where the "off" server's own top-2 logprobs (logprobs=2) are
@@ -30,7 +28,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.gates.regressions import MOE_SWITCH, NO_CACHE, PREFILL_CHUNK_TOKENS, SLOW_STEPS, by_name, exclusive
+from harness.gates.servers import MOE_ON, MOE_SWITCH, NO_CACHE, by_name, exclusive
 from patches import moe_experts
 from patches.registry import PatchState, PatchStatus, format_table
 
@@ -48,10 +46,11 @@ PROMPTS = (
 )
 
 
-def greedy(base_url: str, model: str) -> list[dict]:
+def greedy(base_url: str, model: str, api_key: str | None) -> list[dict]:
     out = []
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     for prompt in PROMPTS:
-        r = httpx.post(f"{base_url}/v1/completions", timeout=300, json={
+        r = httpx.post(f"{base_url}/v1/completions", timeout=300, headers=headers, json={
             "model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": 2, "seed": 0})
         assert r.status_code == 200, f"{base_url} answered {prompt!r} with {r.status_code}: {r.text[:500]}"
         lp = r.json()["choices"][0]["logprobs"]
@@ -119,35 +118,31 @@ def _without_port(command: str) -> list[str]:
     return parts[:i] + parts[i + 2:]
 
 
-# What the "on" server's command has beyond the "off" one's, once the "off" one's prefix caching is taken out.
-ON_ONLY = ["--max-num-batched-tokens", str(PREFILL_CHUNK_TOKENS)]
-
-
-def _off_command_as_on(off: list[str]) -> list[str]:
-    return [a for a in off if a != "--no-enable-prefix-caching"] + ON_ONLY
-
-
-def test_the_on_server_is_slow_steps_with_the_moe_switch_and_the_off_server_differs_by_caching_and_steps():
+def test_the_on_server_is_the_off_server_with_the_moe_switch():
     assert MOE_SWITCH == moe_experts.PATCH.switch
-    on, off = by_name(SLOW_STEPS), by_name(NO_CACHE)
+    on, off = by_name(MOE_ON), by_name(NO_CACHE)
     assert dict(on.env) == {MOE_SWITCH: "1"} and not off.env
-    assert sorted(_off_command_as_on(list(off.extra_args))) == sorted(on.extra_args)
+    assert on.extra_args == off.extra_args and on.keyed == off.keyed
 
 
-def test_moe_substitution_on_gives_the_same_greedy_outputs_as_off(regressed_servers):
-    on_server, off_server = regressed_servers[SLOW_STEPS], regressed_servers[NO_CACHE]
+# The longest prompt both servers prefill in one step: vLLM's smallest step (max_num_batched_tokens >= max_num_seqs).
+ONE_STEP_TOKENS = 16
+
+
+def test_moe_substitution_on_gives_the_same_greedy_outputs_as_off(compared_servers):
+    on_server, off_server = compared_servers[MOE_ON], compared_servers[NO_CACHE]
     off_state = moe_state_in_log(Path(off_server.log_path).read_text(errors="replace"))
     assert off_state is not None, f"no moe_experts row in the off server's log {off_server.log_path}"
     if off_state != PatchState.OFF.value:
         pytest.skip(f"the off server's MoE substitution is {off_state}, not off (is {MOE_SWITCH} set?)")
-    assert sorted(_off_command_as_on(_without_port(off_server.command))) == sorted(_without_port(on_server.command))
+    assert sorted(_without_port(off_server.command)) == sorted(_without_port(on_server.command))
     with exclusive(off_server):
-        off = greedy(off_server.base_url, off_server.model)
+        off = greedy(off_server.base_url, off_server.model, off_server.api_key)
     with exclusive(on_server):
-        on = greedy(on_server.base_url, off_server.model)
+        on = greedy(on_server.base_url, off_server.model, on_server.api_key)
     assert [o["cached_tokens"] for o in off] == [0] * len(PROMPTS), "the off server served cached prompt tokens"
     lengths = [o["prompt_tokens"] for o in off]
-    assert all(9 <= n <= PREFILL_CHUNK_TOKENS for n in lengths), f"prompt tokens {lengths}: not one sorted-path step"
+    assert all(9 <= n <= ONE_STEP_TOKENS for n in lengths), f"prompt tokens {lengths}: not one sorted-path step"
     on_log = Path(on_server.log_path).read_text(errors="replace")
     assert moe_state_in_log(on_log) == PatchState.APPLIED.value
     assert "first call on path 'decode_fused'" in on_log  # the substitution really served the decode steps

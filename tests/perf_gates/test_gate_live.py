@@ -4,6 +4,7 @@
         --tokenizer /models/Qwen3.6-35B-A3B
     pytest tests/perf_gates/test_gate_live.py --server-url http://HOST:PORT --baseline-profile cpu-tiny \
         --tokenizer MODEL_DIR --accept-difference server_args,model_files_sha256 --gate-repeats 5
+    pytest tests/perf_gates/test_gate_live.py --server-url URL --baseline-profile NAME --api-key KEY  # or $OPENAI_API_KEY
 
 Marked `live` (skipped without --server-url), not `gpu`: the client needs no accelerator, the server has it.
 The profile's workload preset (`identity.workload.preset`) is run `--gate-repeats` times (default 3) against
@@ -14,7 +15,8 @@ arguments or model files: against a profile recorded on the embedded server (cpu
 fields, which the report then lists. Against a server on this machine (a loopback URL) the run measures the
 machine's speed probe, so a baseline recorded with it is moved to this day (harness.machine_speed); on a
 machine busy with other work give --no-machine-speed. The report (gate.md, gate.json) lands in the run
-directory.
+directory. A run the gate refuses (another kind of machine, a setup that differs, a server that wants a key) fails
+each test with the one line that says why and what to do, not a traceback.
 """
 from __future__ import annotations
 
@@ -23,15 +25,17 @@ from pathlib import Path
 import pytest
 
 from harness.bench import PRESETS, BenchConfig, on_this_machine, run_bench
+from harness.errors import HarnessError
 from harness.gates.baseline import load_baseline, load_policy
-from harness.gates.gate import gate, load_run, report_markdown, write_report
+from harness.gates.gate import GateReport, gate, load_run, report_markdown, write_report
 from harness.metrics import Scoring
 
 pytestmark = [pytest.mark.live, pytest.mark.timing]
 
 
 @pytest.fixture(scope="module")
-def live_report(pytestconfig, tmp_path_factory):
+def live_report(pytestconfig, tmp_path_factory) -> GateReport | str:
+    """The gate's report, or why the gate could not compare (a line that names the fix)."""
     url, profile = pytestconfig.getoption("--server-url"), pytestconfig.getoption("--baseline-profile")
     if not url or not profile:
         pytest.skip("live perf gates need --server-url URL and --baseline-profile NAME")
@@ -39,15 +43,19 @@ def live_report(pytestconfig, tmp_path_factory):
     if repeats < 1:
         pytest.fail(f"--gate-repeats {repeats}: give at least 1 (3 or more, so the gate knows the server's noise)")
     root = pytestconfig.getoption("--baselines-dir")
-    # Names its workload preset, or says how to fix the file.
-    baseline = load_baseline(profile, **({"root": Path(root)} if root else {}))
     tokenizer = pytestconfig.getoption("--tokenizer")
-    run = run_bench(BenchConfig(workloads=PRESETS[baseline.workload_preset], base_url=url, repeats=repeats,
-                                out_root=tmp_path_factory.mktemp("live"), label=f"gate-{profile}",
-                                tokenizer=Path(tokenizer) if tokenizer else None, show_progress=False,
-                                machine_speed=on_this_machine(url)
-                                and not pytestconfig.getoption("--no-machine-speed")))
-    report = gate(baseline, [load_run(run)], Scoring.load(), accept=pytestconfig.getoption("--accept-difference"))
+    try:
+        # Names its workload preset, or says how to fix the file.
+        baseline = load_baseline(profile, **({"root": Path(root)} if root else {}))
+        run = run_bench(BenchConfig(workloads=PRESETS[baseline.workload_preset], base_url=url, repeats=repeats,
+                                    api_key=pytestconfig.getoption("--api-key"),
+                                    out_root=tmp_path_factory.mktemp("live"), label=f"gate-{profile}",
+                                    tokenizer=Path(tokenizer) if tokenizer else None, show_progress=False,
+                                    machine_speed=on_this_machine(url)
+                                    and not pytestconfig.getoption("--no-machine-speed")))
+        report = gate(baseline, [load_run(run)], Scoring.load(), accept=pytestconfig.getoption("--accept-difference"))
+    except HarnessError as exc:  # refused or unreachable: the same line in every metric's test
+        return f"the live gate against {profile!r} cannot compare: {exc}"
     write_report(report, run)
     print(report_markdown(report))
     return report
@@ -55,6 +63,8 @@ def live_report(pytestconfig, tmp_path_factory):
 
 @pytest.mark.parametrize("metric", sorted(load_policy()))
 def test_live_server_does_not_regress(live_report, metric):
+    if isinstance(live_report, str):
+        pytest.fail(live_report, pytrace=False)
     rows = [r for r in live_report.rows if r.metric == metric]
     if not rows:
         pytest.skip(f"baseline {live_report.profile!r} has no {metric}")

@@ -1,48 +1,35 @@
-"""The server without prefix caching, gated by URL against the committed `cpu-tiny` baseline: caught on the
-cache hit rate, and the live gate's pytest exits 1.
+"""Prefix caching off is caught on the cache hit rate: the no-cache server (harness.gates.servers) against the
+session's, interleaved on official-like, paired (harness.gates.paired).
 
-This is the live path's failing side (`tests/perf_gates/test_gate_live.py` in a nested pytest that knows the
-server only by its URL and the model's tokenizer; the two identity fields such a client cannot see are
-accepted, as docs/perf-gates.md tells a user to) and the committed baseline's prefix-caching regression at
-once. Its passing side is test_gate_tiny_server.py's control, the same command against the session's server.
-
-The server is harness.gates.regressions' no-cache: `--enforce-eager` as well, which a count of cached tokens
-cannot see. The MoE substitution test uses it too (its "off" side); each holds it (`exclusive`)
-while it sends requests.
-
-Not a `timing` test: the hit rate is the server's count of cached prompt tokens, which the machine's load
-cannot change (official-like: 94.4% with the cache, 0% without). So it runs in `make test`'s parallel run, and
-its full prefills are not paid in the timing run
-(220-260 s in the parallel run, beside the session server's tests, in runs BB-EE and FF-GG of
-reports/ci-2026-12-02.md). Only the hit rate is asserted: the TTFT P90 this run measures would carry the parallel
-run's load too; a slower prefill on TTFT is
-test_gate_tiny_server.py's `test_slower_prefill_is_caught_on_ttft`, measured alone.
+A hit rate is the server's count of cached prompt tokens, which the machine's load cannot change (official-like:
+about 94% with the cache, 0% without), so this test is not `timing`: it runs in `make test`'s parallel run, and
+gates only the hit rate; the timing metrics it measures carry the parallel run's load. The no-cache server wants an
+API key (vLLM's --api-key, as a deployment may): its requests carry the session's key, which is also what
+tests/perf_gates/test_api_key.py checks.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from harness.gates.record import UNSEEN_BY_URL
-from harness.gates.regressions import NO_CACHE, exclusive
-from tests.perf_gates.live_gate import live_gate
+from harness.bench import PRESETS
+from harness.gates.interleave import Arm, interleave
+from harness.gates.paired import paired_gate, report_markdown, write_paired_report
+from harness.gates.servers import NO_CACHE, exclusive
 
 pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.usefixtures("embedded_server_only")]
-PROFILE = "cpu-tiny"
-# One repeat: the gate takes the noise from the baseline's repeats, and a 94-point drop stands far beyond the
-# 2-point tolerance.
-REPEATS = 1
+# Two pairs: a hit rate has no noise to average (0.944 in every repeat of a warm server, 0 without a cache).
+ROUNDS = 2
+POINT = "official-like@c1"
 
 
-def test_live_gate_by_url_fails_without_prefix_caching_on_cache_hit_rate(openai_server, regressed_servers,
-                                                                          tmp_path):
-    server = regressed_servers[NO_CACHE]
-    with exclusive(server):
-        # No speed probe: beside the parallel run's workers it would measure their load, and a count of cached
-        # tokens needs no rescaling.
-        run = live_gate(server.base_url, PROFILE, tmp_path / "no-cache", REPEATS, Path(openai_server.model_dir),
-                        accept=UNSEEN_BY_URL, machine_speed=False)
-    assert run.process.returncode == 1, run.output()
-    assert run.failed("cache_hit_rate"), run.output()
-    assert (run.run / "gate.json").exists()  # the report lands in the run directory
+def test_prefix_caching_off_is_caught_on_the_cache_hit_rate(openai_server, compared_servers, tmp_path):
+    no_cache = compared_servers[NO_CACHE]
+    workload = tuple(w for w in PRESETS["paired"] if w.dataset == "official-like")
+    with exclusive(no_cache):  # the MoE test sends its requests alone
+        run = interleave([Arm("session", openai_server), Arm(NO_CACHE, no_cache)], workload, ROUNDS, tmp_path,
+                         "no-cache")
+    report = paired_gate(run.path, "session", NO_CACHE, metrics={POINT: ("cache_hit_rate",)})
+    write_paired_report(report, run.path)
+    row = report.row(POINT, "cache_hit_rate")
+    assert row.verdict == "regression", report_markdown(report)
+    assert row.decision.baseline > 0.5 and row.decision.candidate == 0, report_markdown(report)

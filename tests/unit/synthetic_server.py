@@ -3,7 +3,8 @@ and records when it actually sent each one (same process, same monotonic clock a
 
 It runs in its own process so that neither the GIL nor the client's work delays an emission; Linux's
 CLOCK_MONOTONIC is system-wide, so its timestamps compare with the client's. `GET /_served` returns the
-record of every request served. A request picks its scenario by its `model` field. A scenario is an HTTP status plus a list of steps
+record of every request served; `GET /v1/models` lists the scenarios. A request picks its scenario by its `model`
+field. A scenario is an HTTP status plus a list of steps
 (offset_s, action): action is a chunk dict, pre-encoded SSE bytes, "[DONE]", "DROP" (abort the TCP connection), "STALL" (go
 silent for good) or "END" (close the stream cleanly, without [DONE]).
 Written on raw asyncio streams so a test controls every byte and every disconnect.
@@ -67,15 +68,16 @@ def normal_stream(ttft_s: float, gap_s: float, tokens: int, prompt: int = 100, c
 
 
 class SyntheticServer:
-    """Runs on 127.0.0.1 in a child process; `url` once entered. `cpu` pins the child to one core."""
+    """Runs on 127.0.0.1 in a child process; `url` once entered. `cpu` pins the child to one core; `api_key`: answer
+    401 to a request without `Authorization: Bearer KEY`, as vLLM started with --api-key does on /v1."""
 
-    def __init__(self, scenarios: dict[str, Scenario], cpu: int | None = None):
+    def __init__(self, scenarios: dict[str, Scenario], cpu: int | None = None, api_key: str | None = None):
         self.scenarios = scenarios
         self.cpu = cpu
         self.port: int | None = None
         ctx = multiprocessing.get_context("spawn")  # a clean interpreter: no inherited threads or loops
         self._ports = ctx.Queue()
-        self._proc = ctx.Process(target=_serve_forever, args=(scenarios, cpu, self._ports), daemon=True)
+        self._proc = ctx.Process(target=_serve_forever, args=(scenarios, cpu, self._ports, api_key), daemon=True)
 
     @property
     def url(self) -> str:
@@ -95,17 +97,18 @@ class SyntheticServer:
         self._proc.join(timeout=10)
 
 
-def _serve_forever(scenarios: dict[str, Scenario], cpu: int | None, ports) -> None:
+def _serve_forever(scenarios: dict[str, Scenario], cpu: int | None, ports, api_key: str | None = None) -> None:
     import os
 
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
-    asyncio.run(_Handler(scenarios).main(ports))
+    asyncio.run(_Handler(scenarios, api_key).main(ports))
 
 
 class _Handler:
-    def __init__(self, scenarios: dict[str, Scenario]):
+    def __init__(self, scenarios: dict[str, Scenario], api_key: str | None = None):
         self.scenarios = scenarios
+        self.api_key = api_key
         self.served: list[Served] = []
 
     async def main(self, ports) -> None:
@@ -124,8 +127,21 @@ class _Handler:
                     if line.lower().startswith("content-length:"):
                         length = int(line.split(":", 1)[1])
                 body = json.loads(await reader.readexactly(length)) if length else {}
+                if self.api_key and " /v1/" in lines[0] and f"authorization: bearer {self.api_key.lower()}" not in \
+                        [line.lower() for line in lines]:
+                    payload = b'{"error": "Unauthorized"}'
+                    writer.write(b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\n"
+                                 + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+                    await writer.drain()
+                    continue
                 if lines[0].startswith("GET /_served"):
                     payload = json.dumps([asdict(s) for s in self.served]).encode()
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                 + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+                    await writer.drain()
+                    continue
+                if lines[0].startswith("GET /v1/models"):  # the scenarios, as the models a client may name
+                    payload = json.dumps({"data": [{"id": name} for name in self.scenarios]}).encode()
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                                  + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
                     await writer.drain()

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from harness.gates import measure as measure_module
-from harness.gates import regressions
+from harness.gates import servers as compared
 from harness.gates.measure import Warmup, warm
 from harness.shared_server import SESSION, ServerInfo
 
@@ -23,7 +23,7 @@ def bench_calls(monkeypatch, tmp_path):
 
 
 def test_a_warm_up_runs_once_per_server_and_workload(bench_calls, tmp_path):
-    server = ServerInfo("http://127.0.0.1:1", "m", log_path=str(tmp_path / "slow-steps.log"))
+    server = ServerInfo("http://127.0.0.1:1", "m", log_path=str(tmp_path / "twin.log"))
     other = ServerInfo("http://127.0.0.1:2", "m", log_path=str(tmp_path / "server.log"))
     prefill = Warmup(2, ("official-like",))
     assert warm(server, prefill, tmp_path) is True
@@ -53,11 +53,11 @@ def test_a_failed_warm_up_leaves_no_marker(monkeypatch, tmp_path):
     assert not list(tmp_path.glob("*.warm-*.json"))
 
 
-def test_make_test_warms_every_measured_server_with_what_its_gate_tests_ask(bench_calls, tmp_path):
+def test_make_test_warms_every_server_the_timing_run_compares(bench_calls, tmp_path):
+    names = (SESSION, compared.TWIN, compared.REFERENCE, compared.NO_CACHE)
     servers = {name: ServerInfo(f"http://127.0.0.1:{i}", "m", log_path=str(tmp_path / f"{name}.log"))
-               for i, name in enumerate((SESSION, regressions.SLOW_STEPS, regressions.NO_CACHE), start=1)}
-    done = regressions.warm_for_gates(servers, tmp_path / "warmups")
-    assert done == [f"{SESSION}: {regressions.STEADY_PREFIX_CACHE.name}",
-                    f"{regressions.SLOW_STEPS}: {regressions.STEADY_PREFIX_CACHE.name}"]
-    assert regressions.warm_for_gates(servers, tmp_path / "warmups") == []  # the timing run finds them done
-    assert "http://127.0.0.1:3" not in {url for url, *_ in bench_calls}  # no-cache's gate needs no warm cache
+               for i, name in enumerate(names, start=1)}
+    done = compared.warm_for_gates(servers, tmp_path / "warmups")
+    assert done == [f"{name}: {compared.STEADY_PREFIX_CACHE.name}" for name in names[:3]]
+    assert compared.warm_for_gates(servers, tmp_path / "warmups") == []  # the timing run finds them done
+    assert "http://127.0.0.1:4" not in {url for url, *_ in bench_calls}  # a hit rate of 0 needs no warm cache

@@ -124,9 +124,17 @@ def test_long_gap_without_a_burst_after_it_is_not_a_stall():
     assert s["stalled_requests"] == 0 and s["gap_over_100ms_requests"] == 1
 
 
-def test_stalled_requests_leave_the_timing_percentiles_only_when_asked_and_are_always_counted():
+def _stalled(client_late_s):
+    """A stream that waited 900 ms for its first output and 400 ms mid-stream, then read a burst; the client's own
+    event loop was late for `client_late_s` of its longest wait (harness.loop_lag; None: not measured)."""
+    r = _stream(9, [5 * k for k in range(10)] + [45 + 400 + 0.02 * k for k in range(54)], ttft_ms=900)
+    r.client_late_s = client_late_s
+    return r
+
+
+def test_a_stall_the_client_loop_was_late_for_leaves_the_timing_percentiles_when_asked_and_is_counted():
     steady = [_stream(i, [5 * k for k in range(64)], ttft_ms=40) for i in range(3)]
-    stalled = _stream(9, [5 * k for k in range(10)] + [45 + 400 + 0.02 * k for k in range(54)], ttft_ms=900)
+    stalled = _stalled(client_late_s=0.85)
     kept = summarize(steady + [stalled], Scoring.load())
     left_out = summarize(steady + [stalled], Scoring.load(), exclude_stalled=True)
     assert kept["stalled_requests"] == left_out["stalled_requests"] == 1
@@ -134,7 +142,15 @@ def test_stalled_requests_leave_the_timing_percentiles_only_when_asked_and_are_a
     assert left_out["stalled_excluded"] == 1 and kept["stalled_excluded"] == 0
     # Run-level metrics keep every successful request either way.
     assert kept["agg_output_tps"] == left_out["agg_output_tps"] and left_out["successes"] == 4
-    assert any("left out of TTFT" in n for n in left_out["notes"])
+    assert any("left out of TTFT" in n and "1 of them the client's" in n for n in left_out["notes"])
+
+
+@pytest.mark.parametrize("client_late_s", [0.0, 0.3, None], ids=["loop-on-time", "loop-late-a-third", "not-measured"])
+def test_a_stall_not_shown_to_be_the_clients_is_the_servers_and_stays_in_every_metric(client_late_s):
+    steady = [_stream(i, [5 * k for k in range(64)], ttft_ms=40) for i in range(3)]
+    s = summarize(steady + [_stalled(client_late_s)], Scoring.load(), exclude_stalled=True)
+    assert s["stalled_requests"] == 1 and s["stalled_excluded"] == 0
+    assert s["ttft_p99"] > 0.5  # the server's stall is in the platform's metrics
 
 
 def test_itl_p99_pools_every_gap_between_output_events_over_successful_requests():
@@ -163,6 +179,7 @@ def test_itl_mean_is_tpot_when_each_event_carries_one_token_and_below_it_when_ev
 def test_a_stall_leaves_itl_only_when_stalls_leave_the_timing_percentiles():
     steady = _stream(0, [5 * k for k in range(20)])  # 19 gaps of 5 ms
     stalled = _stream(1, [5 * k for k in range(10)] + [445, 445.02, 445.04, 445.06])  # 400 ms, then a burst
+    stalled.client_late_s = 0.39  # the client's loop was late for it (harness.loop_lag)
     assert stall_kind(stalled) == "gap"
     # Kept: 32 gaps, the largest 400 ms and the next 5 ms; P99 at rank 0.99 * 31 = 30.69.
     kept = summarize([steady, stalled], Scoring.load())["itl_p99"]

@@ -1,5 +1,5 @@
 """embedded_server (harness/server.py): the one way `qwen36 serve`, `qwen36 bench`, the test session and the
-perf gates' regressed servers make the embedded tiny server. Nothing is started here."""
+perf gates' compared servers make the embedded tiny server. Nothing is started here."""
 from __future__ import annotations
 
 from harness.server import embedded_config, embedded_server

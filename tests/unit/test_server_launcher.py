@@ -88,7 +88,7 @@ def test_shared_server_starts_once_and_release_ends_it(tmp_path):
 
     def start(state_dir: Path):
         calls.append(state_dir)
-        return ManagedServer(_cfg("ok"), state_dir / "server.log").start(), None
+        return shared_server.info_of(ManagedServer(_cfg("ok"), state_dir / "server.log").start(), None)
 
     first = shared_server.acquire(tmp_path, start)
     second = shared_server.acquire(tmp_path, start)

@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness import suite_session
+from harness import shared_server, suite_session
 from harness.server import ManagedServer, ServerConfig
 
 FAKE = str(Path(__file__).with_name("fake_openai_server.py"))
@@ -33,7 +33,7 @@ sys.exit(int(sys.argv[1]))
 
 def _fake_start(state_dir: Path):
     cfg = ServerConfig(model="unused", command=(sys.executable, FAKE, "{port}", "ok"))
-    return ManagedServer(cfg, state_dir / "server.log").start(), None
+    return shared_server.info_of(ManagedServer(cfg, state_dir / "server.log").start(), None)
 
 
 def _client(tmp_path: Path, code: int) -> list[str]:
@@ -107,7 +107,7 @@ def test_servers_started_after_the_sessions_are_ended_too(tmp_path):
         seen["session"] = session.pid
         seen["other"] = shared_server.acquire(state_dir, _fake_start, name="other").pid
 
-    # The command waits for the second server as a test would wait for a regressed one.
+    # The command waits for the second server as a test would wait for a compared one.
     script = tmp_path / "wait.py"
     script.write_text(f"import os, sys, time\nsys.path.insert(0, {REPO!r})\nfrom pathlib import Path\n"
                       "from harness import shared_server\n"
@@ -125,7 +125,7 @@ def test_later_commands_wait_until_every_start_is_over(tmp_path):
     from harness import shared_server
 
     def slow_then(state_dir, session):
-        time.sleep(1.5)  # a regressed server still starting when the first command ends
+        time.sleep(1.5)  # a compared server still starting when the first command ends
         shared_server.acquire(state_dir, _fake_start, name="late")
 
     check = [sys.executable, "-c", "import os, sys; from pathlib import Path; "

@@ -1,0 +1,110 @@
+"""CI's perf gates: every timing verdict compares two servers measured in this run, on this machine, interleaved.
+
+Why: CI lands on machines of several kinds, about 4x apart in speed, whose speed also drifts by tens of percent
+within a run; a recorded baseline cannot tell a slower machine from a slower server (docs/perf-gates.md). So one
+interleaved measurement (harness.gates.interleave: `paired` preset, short blocks, rounds alternating in order)
+runs four arms, and each test decides on one pair of them (harness.gates.paired):
+
+| test | a (reference) | b (candidate) | must |
+|---|---|---|---|
+| A/A control | session | twin: the session's server started again, same commit, same arguments | pass every check |
+| slower decode | session | twin-slowed: decode steps slower by DECODE_SLOWDOWN | flag decode-micro's Output TPS P10 and weighted throughput |
+| slower prefill | session | twin-slowed: prefill steps slower by PREFILL_SLOWDOWN | flag official-like's TTFT P90 |
+| slower commit | reference: the performance reference commit's own server | session (HEAD) | pass every check |
+
+The slowdowns are the servers' own (patches/step_slowdown.py, switched per block in the twin's worker), so one
+twin is two arms. The tolerances are fixtures/gates/paired.yaml's, sized from A/A controls on the CI kinds of
+machine; the sizes below are ones the gate catches every time there (docs/perf-gates.md has the detection
+table). Prefix caching off is test_gate_no_cache.py (a count, in the parallel run).
+
+Runs alone after the parallel suite (`make test`: marker `timing`); the servers start and warm during the
+parallel run (harness.suite_session).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.bench import PRESETS
+from harness.gates.interleave import Arm, InterleavedRun, interleave
+from harness.gates.paired import PairedReport, PairedTolerances, paired_gate, report_markdown, write_paired_report
+from harness.gates.servers import REFERENCE, STEADY_PREFIX_CACHE, TWIN, exclusive
+from harness.gates.measure import warm
+
+pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.timing,
+              pytest.mark.usefixtures("embedded_server_only")]
+
+PRESET = "paired"
+DECODE_POINT, PREFILL_POINT = "decode-micro@c2", "official-like@c1"
+# The injected regressions CI must catch, as step slowdowns of the twin (fractions of a step's time).
+DECODE_SLOWDOWN = 0.4
+PREFILL_SLOWDOWN = 0.4
+SESSION, SLOWED = "session", "twin-slowed"
+
+
+def slowed(point: str) -> str:
+    return f"decode={DECODE_SLOWDOWN}" if point.startswith("decode") else f"prefill={PREFILL_SLOWDOWN}"
+
+
+@pytest.fixture(scope="module")
+def reference_or_why(request) -> tuple:
+    """(the reference's server, None) or (None, why it cannot run here): the other verdicts do not wait on it."""
+    try:
+        return request.getfixturevalue("reference_server"), None
+    except pytest.fail.Exception as exc:
+        return None, str(exc)
+
+
+@pytest.fixture(scope="module")
+def measured(openai_server, compared_servers, reference_or_why, tmp_path_factory) -> InterleavedRun:
+    twin = compared_servers[TWIN]
+    reference, _ = reference_or_why
+    arms = [Arm(SESSION, openai_server, lambda point: ""), Arm(TWIN, twin, lambda point: ""),
+            Arm(SLOWED, twin, slowed)]
+    if reference is not None:
+        arms.append(Arm(REFERENCE, reference))
+    out = tmp_path_factory.mktemp("paired")
+    for arm in arms:  # the prefix caches' steady state; `make test` warmed them during the parallel run
+        with exclusive(arm.server):
+            warm(arm.server, STEADY_PREFIX_CACHE, out / "warm")
+    run = interleave(arms, PRESETS[PRESET], PairedTolerances.load().pairs, out, "ci", show_progress=True)
+    print(f"\ninterleaved run: {run.path} ({run.rounds} rounds, {run.end_reason})")
+    return run
+
+
+def verdict(run: InterleavedRun, a: str, b: str, name: str) -> PairedReport:
+    report = paired_gate(run.path, a, b)
+    directory = run.path / f"gate-{name}"
+    directory.mkdir(exist_ok=True)
+    write_paired_report(report, directory)
+    print(report_markdown(report))
+    return report
+
+
+def flagged(report: PairedReport) -> set[tuple[str, str]]:
+    return {(r.point, r.metric) for r in report.regressions}
+
+
+def test_aa_control_two_starts_of_the_same_server_pass_every_check(measured):
+    report = verdict(measured, SESSION, TWIN, "aa-control")
+    assert report.passed, report_markdown(report)
+
+
+def test_slower_decode_is_caught_on_output_tps_and_weighted_throughput(measured):
+    report = verdict(measured, SESSION, SLOWED, "slower-decode")
+    assert {(DECODE_POINT, "output_tps_p10"), (DECODE_POINT, "weighted_throughput")} <= flagged(report), \
+        report_markdown(report)
+
+
+def test_slower_prefill_is_caught_on_ttft(measured):
+    report = verdict(measured, SESSION, SLOWED, "slower-prefill")
+    assert (PREFILL_POINT, "ttft_p90") in flagged(report), report_markdown(report)
+
+
+def test_head_is_not_slower_than_the_performance_reference_commit(measured, reference_or_why):
+    _, why = reference_or_why
+    if why is not None:
+        pytest.fail(why, pytrace=False)
+    report = verdict(measured, REFERENCE, SESSION, "slower-commit")
+    assert report.passed, report_markdown(report)

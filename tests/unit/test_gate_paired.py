@@ -1,0 +1,166 @@
+"""The paired verdict (harness.gates.paired): its rule on exact pairs, a seeded simulation of its false alarms and
+detection with the spread that separately started servers show, and the report of an interleaved run, insufficient
+blocks included."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.gates.decision import Tolerance
+from harness.gates.paired import (PairedTolerances, decide_paired, margin_from_controls, pair_differences,
+                                  paired_gate, report_markdown)
+
+TRIALS = 2000  # each sizes its tolerance anew: the rates are over the sizing's own error too
+
+
+def test_pair_differences_are_log_ratios_oriented_so_that_worse_is_positive():
+    assert pair_differences([100.0], [80.0], "higher", "relative") == [pytest.approx(-math.log(0.8))]
+    assert pair_differences([1.0], [1.25], "lower", "relative") == [pytest.approx(math.log(1.25))]
+    assert pair_differences([0.9], [0.5], "higher", "absolute") == [pytest.approx(0.4)]
+
+
+@pytest.mark.parametrize(("direction", "ratio", "verdict"), [
+    ("higher", 0.951, "pass"), ("higher", 0.949, "regression"),
+    ("lower", 1.049, "pass"), ("lower", 1.051, "regression"),
+])
+def test_a_tolerance_of_five_percent_means_five_percent_worse_on_every_pair(direction, ratio, verdict):
+    a = [100.0, 120.0, 90.0, 110.0]
+    d = decide_paired(a, [x * ratio for x in a], direction, Tolerance(0.05))
+    assert d.verdict == verdict and d.change == pytest.approx(ratio - 1)
+
+
+def test_the_pairing_removes_what_both_sides_share():
+    # Each pair's machine speed differs by up to 2x; b is 10% slower within every pair: a regression that
+    # unpaired samples of this spread could not see.
+    rng = np.random.default_rng(0)
+    speed = np.exp(rng.uniform(-0.35, 0.35, 8))
+    a = list(100 * speed * np.exp(rng.normal(0, 0.01, 8)))
+    b = list(90 * speed * np.exp(rng.normal(0, 0.01, 8)))
+    assert decide_paired(a, b, "higher", Tolerance(0.05), alpha=0.01).verdict == "regression"
+
+
+def test_a_paired_verdict_needs_two_pairs_and_positive_values_for_ratios():
+    with pytest.raises(ValueError, match="at least 2"):
+        decide_paired([1.0], [1.0], "higher", Tolerance(0.05))
+    with pytest.raises(ValueError, match="<= 0"):
+        decide_paired([1.0, 0.0], [1.0, 1.0], "higher", Tolerance(0.05))
+    with pytest.raises(ValueError, match="one a per b"):
+        decide_paired([1.0, 1.0], [1.0], "higher", Tolerance(0.05))
+
+
+def simulated_rate(rng, pairs: int, pair_sd: float, start_sd: float, shift_in_margins: float) -> float:
+    """Share of trials flagged `regression` on a lower-is-better metric. Each trial sizes the tolerance from 30 A/A
+    controls of its own (margin_from_controls), then measures: its pairs share a start offset (two separately
+    started servers differ by N(0, start_sd) on the log scale) plus N(0, pair_sd) per pair, and b is worse by
+    `shift_in_margins` times the trial's margin."""
+    hits = 0
+    for _ in range(TRIALS):
+        tolerance = sized_tolerance(rng, pairs, pair_sd, start_sd)
+        shift = shift_in_margins * tolerance.margin("lower")
+        a = np.exp(rng.normal(0, pair_sd / math.sqrt(2), pairs))
+        b = np.exp(rng.normal(shift + rng.normal(0, start_sd), pair_sd / math.sqrt(2), pairs))
+        hits += decide_paired(list(a), list(b), "lower", tolerance, ALPHA).verdict == "regression"
+    return hits / TRIALS
+
+
+# (pairs, per-pair spread, start-to-start spread): around what A/A controls measure on the CI kinds.
+CASES = [(8, 0.05, 0.02), (8, 0.10, 0.03), (6, 0.08, 0.04), (12, 0.10, 0.0)]
+ALPHA = 0.05 / 2  # a check of a two-metric gate
+
+
+def sized_tolerance(rng, pairs: int, pair_sd: float, start_sd: float, controls: int = 30) -> Tolerance:
+    """The tolerance margin_from_controls sizes from `controls` simulated A/A controls, as a relative tolerance on a
+    lower-is-better metric."""
+    means = [rng.normal(0, start_sd) + rng.normal(0, pair_sd / math.sqrt(pairs)) for _ in range(controls)]
+    return Tolerance(math.expm1(margin_from_controls(means, ALPHA)))
+
+
+@pytest.mark.parametrize(("pairs", "pair_sd", "start_sd"), CASES)
+def test_false_alarms_on_identical_servers_stay_under_the_checks_alpha(pairs, pair_sd, start_sd):
+    rate = simulated_rate(np.random.default_rng(pairs * 100 + int(pair_sd * 1000)), pairs, pair_sd, start_sd, 0.0)
+    assert rate <= ALPHA, f"false alarms {rate:.3f} > {ALPHA}"
+
+
+@pytest.mark.parametrize(("pairs", "pair_sd", "start_sd"), CASES)
+def test_a_regression_of_twice_the_tolerance_is_caught_nine_times_in_ten(pairs, pair_sd, start_sd):
+    rate = simulated_rate(np.random.default_rng(7 + pairs), pairs, pair_sd, start_sd, 2.0)
+    assert rate >= 0.9, f"caught {rate:.3f} of regressions of twice the tolerance"
+
+
+def test_a_tolerance_needs_three_controls_and_grows_with_their_spread():
+    with pytest.raises(ValueError, match="3 or more"):
+        margin_from_controls([0.01, -0.01], 0.025)
+    assert margin_from_controls([0.02, -0.02, 0.02, -0.02], 0.025) < margin_from_controls([0.04, -0.04, 0.04, -0.04],
+                                                                                            0.025)
+    # an offset the twin keeps counts against it, as its spread does
+    assert margin_from_controls([0.03] * 4, 0.025) == pytest.approx(margin_from_controls([0.03, -0.03] * 2, 0.025))
+
+
+def write_interleaved(root: Path, a_blocks: list[dict], b_blocks: list[dict], point: str = "decode-micro@c2") -> Path:
+    """An interleaved run's files (harness.gates.interleave) with arms `session` and `twin`."""
+    for arm, blocks in (("session", a_blocks), ("twin", b_blocks)):
+        d = root / arm
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text(json.dumps({"model": "m"}))
+        repeats = [{"repeat": i, "requests": 16, "successes": 16, "stalled_excluded": 0, "notes": [], **blk}
+                   for i, blk in enumerate(blocks)]
+        (d / "summary.json").write_text(json.dumps({"points": {point: {"repeats": repeats}}}))
+    (root / "rounds.json").write_text(json.dumps({"arms": {"session": "u1", "twin": "u2"}, "rounds": len(a_blocks),
+                                                 "end_reason": "completed", "points": [point]}))
+    return root
+
+
+TOL = PairedTolerances({"decode-micro@c2": {"output_tps_p10": Tolerance(0.05)}}, {})
+
+
+def test_an_arm_the_run_does_not_have_is_refused_naming_the_arms(tmp_path):
+    from harness.errors import HarnessError
+
+    run = write_interleaved(tmp_path, [{"output_tps_p10": 1.0}] * 2, [{"output_tps_p10": 1.0}] * 2)
+    with pytest.raises(HarnessError, match="no arm 'reference'; its arms: session, twin"):
+        paired_gate(run, "reference", "session", TOL)
+
+
+def test_an_interleaved_run_with_a_slower_candidate_fails_and_names_the_point_and_metric(tmp_path):
+    a = [{"output_tps_p10": v} for v in (300, 280, 310, 290, 305, 295)]
+    b = [{"output_tps_p10": v * 0.8} for v in (300, 282, 306, 293, 301, 297)]
+    report = paired_gate(write_interleaved(tmp_path, a, b), "session", "twin", TOL, {"decode-micro@c2": ("output_tps_p10",)})
+    assert not report.passed
+    assert report.row("decode-micro@c2", "output_tps_p10").verdict == "regression"
+    md = report_markdown(report)
+    assert "REGRESSION" in md and "output_tps_p10" in md and "twin" in md
+
+
+def test_an_identical_candidate_passes(tmp_path):
+    a = [{"output_tps_p10": v} for v in (300, 280, 310, 290, 305, 295)]
+    b = [{"output_tps_p10": v * f} for v, f in zip((300, 280, 310, 290, 305, 295), (1.01, 0.99, 1.0, 1.02, 0.98, 1.0))]
+    report = paired_gate(write_interleaved(tmp_path, a, b), "session", "twin", TOL, {"decode-micro@c2": ("output_tps_p10",)})
+    assert report.passed, report_markdown(report)
+
+
+def test_a_percentile_from_fewer_than_half_of_a_blocks_requests_is_insufficient_never_a_pass(tmp_path):
+    a = [{"output_tps_p10": 300}] * 6
+    b = [{"output_tps_p10": 300}] * 5 + [{"output_tps_p10": 300, "stalled_excluded": 9}]
+    report = paired_gate(write_interleaved(tmp_path, a, b), "session", "twin", TOL, {"decode-micro@c2": ("output_tps_p10",)})
+    row = report.row("decode-micro@c2", "output_tps_p10")
+    assert row.verdict == "insufficient" and not report.passed
+    assert "pair 5 side b: computed from 7 of 16 requests" in row.insufficient[0]
+    assert "[0, 0, 0, 0, 0, 9]" in report_markdown(report)  # excluded requests, per block
+
+
+def test_a_run_metric_keeps_every_success_so_excluded_stalls_do_not_make_it_insufficient(tmp_path):
+    a = [{"weighted_throughput": 5000.0}] * 4
+    b = [{"weighted_throughput": 5000.0, "stalled_excluded": 12}] * 4
+    report = paired_gate(write_interleaved(tmp_path, a, b), "session", "twin", TOL, {"decode-micro@c2": ("weighted_throughput",)})
+    assert report.row("decode-micro@c2", "weighted_throughput").verdict == "pass"
+
+
+def test_not_an_interleaved_run_is_refused_with_the_command_that_makes_one(tmp_path):
+    from harness.errors import HarnessError
+
+    with pytest.raises(HarnessError, match="not an interleaved run"):
+        paired_gate(tmp_path, "session", "twin")
