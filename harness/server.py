@@ -42,6 +42,8 @@ class ServerConfig:
     chat_template: Path | None = None
     platform_flags: bool = True  # tool/reasoning parsers, prefix caching, prompt-token details
     extra_args: tuple[str, ...] = ()
+    # The key its /v1 routes want (vLLM's --api-key); the readiness generation sends it. Never logged (redacted).
+    api_key: str | None = None
     # A full command replaces the vLLM one (e.g. a wrapper script); `{port}` is substituted.
     command: tuple[str, ...] | None = None
     ready_timeout_s: float = 600.0
@@ -118,6 +120,8 @@ def build_command(cfg: ServerConfig, port: int) -> list[str]:
         ]
     if cfg.chat_template is not None:
         cmd += ["--chat-template", str(cfg.chat_template)]
+    if cfg.api_key:
+        cmd += [API_KEY_ARG, cfg.api_key]
     return cmd + list(cfg.extra_args)
 
 
@@ -229,6 +233,7 @@ class ManagedServer:
             "max_tokens": 2,
         }
         last = "no answer yet"
+        headers = {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServerDied(
@@ -237,7 +242,7 @@ class ManagedServer:
                 )
             self._remember_descendants()
             try:
-                r = httpx.post(f"{self.base_url}/v1/chat/completions", json=body, timeout=30)
+                r = httpx.post(f"{self.base_url}/v1/chat/completions", json=body, headers=headers, timeout=30)
                 if r.status_code == 200 and r.json().get("choices"):
                     self._remember_descendants()
                     return

@@ -45,12 +45,8 @@ def info_of(server: ManagedServer, model_dir: str) -> ServerInfo:
     from patches.step_slowdown import SLOWDOWN_FILE_ENV
 
     return ServerInfo(server.base_url, server.cfg.served_model_name, server.proc.pid, str(server.log_path),
-                      server.command_line, model_dir, server.client_cpus,
+                      server.command_line, model_dir, server.client_cpus, api_key=server.cfg.api_key,
                       slowdown_file=server.cfg.env.get(SLOWDOWN_FILE_ENV))
-
-
-def with_api_key(info: ServerInfo, key: str) -> ServerInfo:
-    return ServerInfo(**{**asdict(info), "api_key": key})
 
 
 def acquire(state_dir: Path, start: Callable[[Path], ServerInfo], name: str = SESSION) -> ServerInfo:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -69,10 +70,15 @@ def add_parsers(sub) -> None:
     c.set_defaults(handler=_cmd_compare)
 
     ab = sub.add_parser("ab", help="interleaved A/B of two servers on this machine: paired verdict, exit 1 when B "
-                                   "regresses against A")
-    ab.add_argument("--a", required=True, metavar="URL", help="the reference server (e.g. main's)")
-    ab.add_argument("--b", required=True, metavar="URL", help="the candidate server")
-    ab.add_argument("--preset", default="gate", help="bench preset whose points each block runs (default: gate)")
+                                   "regresses against A; without URLs, the performance reference commit's embedded "
+                                   "server (A) against this checkout's (B)")
+    ab.add_argument("--a", default=None, metavar="URL", help="the reference server (default: start the performance "
+                                                             "reference commit's, fixtures/gates/reference.yaml)")
+    ab.add_argument("--b", default=None, metavar="URL", help="the candidate server (default: start this checkout's)")
+    ab.add_argument("--preset", default="paired",
+                    help="bench preset whose points each block runs (default: paired, CI's short blocks, what "
+                         "fixtures/gates/paired.yaml's tolerances were sized for; other presets' points take "
+                         "fixtures/gates/policy.yaml's)")
     ab.add_argument("--pairs", type=int, default=None,
                     help="pairs of blocks (default: fixtures/gates/paired.yaml's, what its tolerances were sized for)")
     ab.add_argument("--tokenizer", type=Path, default=None,
@@ -83,6 +89,19 @@ def add_parsers(sub) -> None:
                     help="run the client on these cores (what `qwen36 serve` prints), e.g. 1")
     ab.add_argument("--out", type=Path, default=None, help="runs root (default: runs/)")
     ab.set_defaults(handler=_cmd_ab)
+
+    cal = sub.add_parser("calibrate", help="measure CI's paired gates on this machine (A/A controls, a slowed twin) "
+                                           "and size their tolerances (docs/perf-gates.md)")
+    cal.add_argument("--runs", type=int, default=30, help="interleaved runs, each an A/A control and a detection")
+    cal.add_argument("--restart-every", type=int, default=3, help="start both servers again every N runs")
+    cal.add_argument("--sizes", default="0.1,0.2",
+                     help="step slowdowns of the slowed twin, taken in turn (comma-separated fractions)")
+    cal.add_argument("--out", type=Path, default=None, help="runs root (default: runs/)")
+    cal.add_argument("--analyse", type=Path, default=None, metavar="DIR",
+                     help="analyse a calibration directory measured before instead of measuring")
+    cal.add_argument("--write", action="store_true",
+                     help="write the sized tolerances into fixtures/gates/paired.yaml")
+    cal.set_defaults(handler=_cmd_calibrate)
 
     ref = sub.add_parser("reference", help="the performance reference commit CI's slower-commit gate measures "
                                            "HEAD against (fixtures/gates/reference.yaml)")
@@ -159,13 +178,22 @@ def _cmd_ab(a) -> int:
 
     if a.preset not in PRESETS:
         raise HarnessError(f"--preset {a.preset!r}: choose one of {', '.join(PRESETS)}")
+    if (a.a is None) != (a.b is None):
+        raise HarnessError("give both --a URL and --b URL, or neither (then the reference commit's server and this "
+                           "checkout's are started here)")
     tolerances = PairedTolerances.load()
     pairs = a.pairs or tolerances.pairs
-    arms = [Arm(name, ServerInfo(url.rstrip("/"), list_models(url, a.api_key)[0], client_cpus=a.client_cpus,
-                                 api_key=a.api_key))
-            for name, url in (("A", a.a), ("B", a.b))]
-    run = interleave(arms, PRESETS[a.preset], pairs, a.out or RUNS_DIR, "ab", tokenizer=a.tokenizer,
-                     show_progress=True)
+    out = a.out or RUNS_DIR
+    with contextlib.ExitStack() as stack:
+        if a.a is None:
+            from harness.gates.reference import reference_and_head
+
+            servers = stack.enter_context(reference_and_head(out / "ab-servers"))
+        else:
+            servers = [ServerInfo(url.rstrip("/"), list_models(url, a.api_key)[0], client_cpus=a.client_cpus,
+                                  api_key=a.api_key) for url in (a.a, a.b)]
+        arms = [Arm(name, server) for name, server in zip(("A", "B"), servers)]
+        run = interleave(arms, PRESETS[a.preset], pairs, out, "ab", tokenizer=a.tokenizer, show_progress=True)
     report = paired_gate(run.path, "A", "B", tolerances)
     print(report_markdown(report))
     md, js = write_paired_report(report, run.path)
@@ -195,3 +223,28 @@ def _cmd_reference_serve(a) -> int:
     from harness.gates.reference import load_reference, serve_reference_until_stopped
 
     return serve_reference_until_stopped(load_reference(), a.model, a.run_dir)
+
+
+def _cmd_calibrate(a) -> int:
+    from harness.gates.calibrate import (CalibrationPlan, analyse, load_results, report_markdown, run_calibration,
+                                         write_tolerances)
+    from harness.gates.paired import PairedTolerances
+    from harness.paths import RUNS_DIR
+
+    try:
+        sizes = tuple(float(x) for x in a.sizes.split(",") if x.strip())
+    except ValueError:
+        raise HarnessError(f"--sizes {a.sizes!r}: comma-separated fractions like 0.1,0.2") from None
+    if a.analyse is None and (a.runs < 4 or a.restart_every < 1 or not sizes):
+        raise HarnessError("give --runs 4 or more (a tolerance needs 3 controls besides the one judged), "
+                           "--restart-every 1 or more, and one --sizes at least")
+    directory = a.analyse or run_calibration(CalibrationPlan(a.runs, a.restart_every, sizes), a.out or RUNS_DIR)
+    how = f"qwen36 calibrate --runs {a.runs} --restart-every {a.restart_every} --sizes {a.sizes}"
+    analysis = analyse(load_results(directory), PairedTolerances.load())
+    text = report_markdown(analysis, how)
+    (Path(directory) / "report.md").write_text(text)
+    print(text)
+    if a.write:
+        write_tolerances(analysis, how)
+        print("tolerances written to fixtures/gates/paired.yaml", file=sys.stderr)
+    return 0

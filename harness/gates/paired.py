@@ -60,30 +60,34 @@ def decide_paired(a: list[float], b: list[float], direction: Direction, toleranc
                   alpha: float = 0.05) -> Decision:
     """The verdict on pairs (a_i, b_i), b the candidate; see the module docstring."""
     d = pair_differences(a, b, direction, tolerance.scale)
-    if len(d) < 2:
-        raise ValueError(f"{len(d)} pair(s): a paired verdict needs at least 2 (the spread of their ratios)")
-    n, mean = len(d), statistics.fmean(d)
-    s = statistics.stdev(d)
-    m = tolerance.margin(direction)
     centre = (lambda v: math.exp(statistics.fmean(map(math.log, v)))) if tolerance.scale == "relative" \
         else statistics.fmean
     ca, cb = centre(a), centre(b)
     change = cb / ca - 1 if tolerance.scale == "relative" else cb - ca
-    common = dict(baseline=ca, candidate=cb, change=change, worse_by=mean, n_baseline=n, n_candidate=n)
+    verdict, p_worse, underpowered, note = decide_differences(d, tolerance.margin(direction), alpha)
+    return Decision(verdict, baseline=ca, candidate=cb, change=change, worse_by=statistics.fmean(d), p_worse=p_worse,
+                    n_baseline=len(d), n_candidate=len(d), underpowered=underpowered, note=note)
+
+
+def decide_differences(d: list[float], margin: float, alpha: float) -> tuple[str, float, bool, str]:
+    """(verdict, one-sided p that b is worse, underpowered, note) for pair differences `d` (positive = worse) at
+    `margin` on the comparison scale: the rule of the module docstring."""
+    if len(d) < 2:
+        raise ValueError(f"{len(d)} pair(s): a paired verdict needs at least 2 (the spread of their ratios)")
+    n, mean, s = len(d), statistics.fmean(d), statistics.stdev(d)
     if s == 0:
-        verdict = "regression" if mean > m else "improvement" if -mean > m else "pass"
-        return Decision(verdict, p_worse=0.0 if mean > 0 else 1.0, underpowered=False,
-                        note="every pair differs by the same amount: the difference is exact", **common)
+        verdict = "regression" if mean > margin else "improvement" if -mean > margin else "pass"
+        return verdict, 0.0 if mean > 0 else 1.0, False, "every pair differs by the same amount: the difference is exact"
     se, df = s / math.sqrt(n), n - 1
     p_worse, p_better = float(special.stdtr(df, -mean / se)), float(special.stdtr(df, mean / se))
-    if p_worse < alpha and mean > m:
+    if p_worse < alpha and mean > margin:
         verdict = "regression"
-    elif p_better < alpha and -mean > m:
+    elif p_better < alpha and -mean > margin:
         verdict = "improvement"
     else:
         verdict = "pass"
-    underpowered = verdict == "pass" and mean + float(special.stdtrit(df, 1 - alpha)) * se > m
-    return Decision(verdict, p_worse=p_worse, underpowered=underpowered, note="", **common)
+    underpowered = verdict == "pass" and mean + float(special.stdtrit(df, 1 - alpha)) * se > margin
+    return verdict, p_worse, underpowered, ""
 
 
 def margin_from_controls(control_means: list[float], alpha: float) -> float:
@@ -183,6 +187,10 @@ class PairedTolerances:
     def tolerance(self, point: str, metric: str) -> Tolerance:
         found = self.points.get(point, {}).get(metric)
         return found if found is not None else load_policy()[metric]
+
+    def floor(self, point: str, metric: str) -> Tolerance:
+        """The least a sized tolerance may be: fixtures/gates/policy.yaml's, the smallest change that matters."""
+        return load_policy()[metric]
 
     def checks(self, point: str) -> tuple[str, ...]:
         """The metrics gated at `point`: the file's for a point it lists, else every metric of the policy."""

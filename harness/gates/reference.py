@@ -14,6 +14,7 @@ Moving the reference is one command and a commit:
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import re
@@ -24,6 +25,7 @@ import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import yaml
 
@@ -183,6 +185,37 @@ class ReferenceServer:
         if self.proc is not None:
             terminate_tree(self.proc.pid)  # SIGTERM: `serve` stops its server cleanly
             self.proc = None
+
+
+@contextlib.contextmanager
+def reference_and_head(work_dir: Path) -> Iterator[list[ServerInfo]]:
+    """The reference commit's server and this checkout's, on one tiny model built here, warmed to the prefix
+    cache's steady state; both ended when the block ends (`qwen36 ab` without URLs)."""
+    from harness.gates.measure import warm
+    from harness.gates.servers import SESSION_KV_GIB, STEADY_PREFIX_CACHE
+    from harness.server import embedded_server
+    from harness.shared_server import info_of
+    from harness.tiny_model import build_tiny_model
+
+    ref = load_reference()
+    check_dependencies(ref)
+    work_dir = Path(work_dir)
+    model_dir = build_tiny_model(work_dir / "tiny-model")
+    worktree = add_worktree(ref, work_dir / f"reference-{ref.commit[:12]}")
+    reference, head = ReferenceServer(worktree, work_dir / "reference", model_dir), None
+    try:
+        print(f"starting the reference {ref.commit[:12]}'s server and this checkout's (a few minutes)", file=sys.stderr)
+        servers = [reference.start()]
+        head = embedded_server(work_dir / "head", model_dir, cpu_kvcache_gib=SESSION_KV_GIB).start()
+        servers.append(info_of(head, str(model_dir)))
+        for server in servers:
+            warm(server, STEADY_PREFIX_CACHE, work_dir / "warm")
+        yield servers
+    finally:
+        if head is not None:
+            head.stop()
+        reference.stop()
+        remove_worktree(worktree)
 
 
 def serve_reference_until_stopped(ref: Reference, model_dir: Path | None, work_dir: Path) -> int:

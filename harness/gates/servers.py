@@ -101,9 +101,9 @@ def embedded_env(state_dir: Path, name: str) -> dict[str, str]:
 def compared_server(spec: ComparedServer, state_dir: Path, model_dir: str | Path, **overrides) -> ManagedServer:
     """`spec`'s server on the session's model files, not started; `overrides` as embedded_config's."""
     env = {**embedded_env(state_dir, spec.name), **dict(spec.env), **overrides.pop("env", {})}
-    args = spec.extra_args + (("--api-key", session_api_key(state_dir)) if spec.keyed else ())
-    return embedded_server(state_dir, model_dir, Path(state_dir) / f"{spec.name}.log", extra_args=args,
-                           cpu_kvcache_gib=spec.kv_gib, env=env, **overrides)
+    return embedded_server(state_dir, model_dir, Path(state_dir) / f"{spec.name}.log", extra_args=spec.extra_args,
+                           api_key=session_api_key(state_dir) if spec.keyed else None, cpu_kvcache_gib=spec.kv_gib,
+                           env=env, **overrides)
 
 
 def session_api_key(state_dir: Path) -> str:
@@ -122,8 +122,7 @@ def starter(spec: ComparedServer, model_dir: str | Path) -> Callable[[Path], Ser
     def start(state_dir: Path) -> ServerInfo:
         wait_for_memory(spec.name)
         server = compared_server(spec, state_dir, model_dir, owner_pid=shared_server.owner_pid()).start()
-        info = shared_server.info_of(server, str(model_dir))
-        return info if not spec.keyed else shared_server.with_api_key(info, session_api_key(state_dir))
+        return shared_server.info_of(server, str(model_dir))
 
     return start
 

@@ -1,7 +1,8 @@
 """A stand-in for a server command in launcher tests: `python fake_openai_server.py PORT MODE`.
 
-MODE `ok` answers chat completions; `health-only` answers /health but fails every generation (the vLLM
-failure the notes describe); both spawn a grandchild process, as vLLM spawns its engine core.
+MODE `ok` answers chat completions; `key=SECRET` answers only those that carry `Authorization: Bearer SECRET`;
+`health-only` answers /health but fails every generation (the vLLM failure the notes describe); all spawn a
+grandchild process, as vLLM spawns its engine core.
 """
 import json
 import subprocess
@@ -29,7 +30,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        if mode == "ok":
+        if mode.startswith("key=") and self.headers.get("Authorization") != f"Bearer {mode[4:]}":
+            self._send(401, {"error": "Unauthorized"})  # as vLLM started with --api-key answers on /v1
+        elif mode == "ok" or mode.startswith("key="):
             self._send(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}]})
         else:
             self._send(500, {"error": {"message": "engine dead"}})

@@ -37,7 +37,7 @@ def test_the_keyed_servers_want_one_key_per_session_and_never_write_it(tmp_path)
     key = session_api_key(tmp_path)
     assert key == session_api_key(tmp_path) and len(key) >= 32
     server = compared_server(by_name(NO_CACHE), tmp_path, tmp_path)
-    assert server.command[server.command.index("--api-key") + 1] == key
+    assert server.command[server.command.index("--api-key") + 1] == key and server.cfg.api_key == key
     assert key not in server.command_line  # logs, manifests and other processes see it redacted
     assert "--api-key" not in compared_server(by_name(TWIN), tmp_path, tmp_path).command
 

@@ -83,6 +83,14 @@ def test_health_only_server_is_not_ready_and_is_cleaned_up(tmp_path):
     assert server.proc is None  # stop() ran
 
 
+def test_readiness_carries_the_servers_api_key_and_without_it_names_the_401(tmp_path):
+    with ManagedServer(_cfg("key=secret", api_key="secret"), tmp_path / "keyed.log") as server:
+        assert server.proc.poll() is None
+    server = ManagedServer(_cfg("key=secret", ready_timeout_s=3), tmp_path / "keyless.log")
+    with pytest.raises(ServerDied, match="not ready after 3 s.*HTTP 401"):
+        server.start()
+
+
 def test_shared_server_starts_once_and_release_ends_it(tmp_path):
     calls = []
 

@@ -1,0 +1,70 @@
+"""harness.gates.calibrate's analysis on synthetic runs: tolerances sized from the controls (never under the
+policy's), each control judged leave-one-out, detections counted per size, and the file written back."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import yaml
+
+from harness.gates.calibrate import analyse, report_markdown, write_tolerances
+from harness.gates.decision import Tolerance
+from harness.gates.paired import PairedTolerances
+
+TPS, TTFT = "decode-micro@c2:output_tps_p10", "official-like@c1:ttft_p90"
+TOL = PairedTolerances({"decode-micro@c2": {"output_tps_p10": Tolerance(0.05)},
+                        "official-like@c1": {"ttft_p90": Tolerance(0.10)}}, {})
+
+
+def runs(n: int = 12, start_sd: float = 0.05, pair_sd: float = 0.05, shift: float = 0.4, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+
+    def diffs(offset: float) -> list[float]:
+        return list(offset + rng.normal(0, pair_sd, 8))
+
+    return [{"run": i, "start": i // 3, "size": (0.1, 0.2)[i % 2],
+             "control": {TPS: diffs(rng.normal(0, start_sd)), TTFT: diffs(rng.normal(0, start_sd))},
+             "slowed": {TPS: diffs(shift), TTFT: diffs(0.0)}} for i in range(n)]
+
+
+def test_tolerances_are_sized_from_the_controls_and_never_below_the_policy():
+    noisy = analyse(runs(start_sd=0.08), TOL)["checks"][TPS]
+    quiet = analyse(runs(start_sd=0.0, pair_sd=0.001), TOL)["checks"][TPS]
+    assert noisy.tolerance.value > 0.10  # 8% between starts needs more than the 5% floor
+    assert quiet.tolerance == Tolerance(0.05)  # the floor: the smallest change the policy treats as one
+
+
+def test_false_alarms_and_detections_are_counted_per_control_and_per_size():
+    analysis = analyse(runs(), TOL)
+    assert len(analysis["controls"]) == 12
+    tps_flagged = {size: sum(v == "regression" for v, _ in analysis["detections"][(size, TPS)]) for size in (0.1, 0.2)}
+    assert tps_flagged == {0.1: 6, 0.2: 6}  # a shift of 0.4 (log) is caught every time
+    assert not any(v == "regression" for v, _ in analysis["detections"][(0.1, TTFT)])
+
+
+def test_a_control_far_off_is_a_false_alarm_judged_by_the_others_tolerance():
+    results = runs(start_sd=0.01)
+    results[5]["control"][TPS] = [0.5 + 0.01 * k for k in range(8)]  # a twin 40% slower
+    analysis = analyse(results, TOL)
+    alarms = [c["run"] for c in analysis["controls"] if c["false_alarm"]]
+    assert alarms == [5]
+    assert "A/A false alarms: 1 of 12 controls" in report_markdown(analysis, "test")
+
+
+def test_an_insufficient_control_counts_as_a_false_alarm():
+    results = runs(start_sd=0.0, pair_sd=0.01)
+    results[3]["control"][TTFT] = None
+    assert [c["run"] for c in analyse(results, TOL)["controls"] if c["false_alarm"]] == [3]
+
+
+def test_writing_keeps_the_files_comments_and_records_where_it_was_measured(tmp_path):
+    path = tmp_path / "paired.yaml"
+    path.write_text("# a comment that stays\npairs: 8\npoints: {}\n")
+    write_tolerances(analyse(runs(start_sd=0.08), TOL), "qwen36 calibrate --runs 12", path)
+    text = path.read_text()
+    raw = yaml.safe_load(text)
+    assert text.startswith("# a comment that stays\n") and raw["pairs"] == 8
+    assert raw["points"]["decode-micro@c2"]["output_tps_p10"]["value"] > 0.10
+    assert raw["measured"]["runs"] == 12 and raw["measured"]["command"] == "qwen36 calibrate --runs 12"
+    assert math.isclose(raw["measured"]["starts"], 4)
