@@ -110,6 +110,8 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--root", type=Path, default=None, help="checkout to check (default: this one)")
     pre.add_argument("--skip-suites", action="store_true", help="static checks only (no pytest run)")
     pre.add_argument("--server-url", default=None, help="run API conformance against this server")
+    pre.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                     help="with --server-url: the key the server wants (default: $OPENAI_API_KEY)")
     return p
 
 
@@ -137,7 +139,8 @@ def _cmd_presubmit(a) -> int:
     from harness.paths import REPO_ROOT
     from harness.presubmit import format_verdict, run_presubmit
 
-    verdict = run_presubmit(a.root or REPO_ROOT, skip_suites=a.skip_suites, server_url=a.server_url)
+    verdict = run_presubmit(a.root or REPO_ROOT, skip_suites=a.skip_suites, server_url=a.server_url,
+                            api_key=a.api_key)
     print(format_verdict(verdict))
     return 0 if verdict.go else 1
 

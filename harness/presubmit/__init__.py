@@ -29,8 +29,8 @@ class Verdict:
 
 
 def run_presubmit(root: Path, skip_suites: bool = False, server_url: str | None = None,
-                  checks=None) -> Verdict:
-    ctx = Context(root, server_url)
+                  checks=None, api_key: str | None = None) -> Verdict:
+    ctx = Context(root, server_url, api_key)
     results = run_static(ctx, checks or ALL_STATIC_CHECKS)
     if not skip_suites:
         if all(r.go for r in results):

@@ -70,9 +70,10 @@ def presubmit_check(name: str):
 class Context:
     """One checkout under test: its root and the files presubmit reads, parsed once."""
 
-    def __init__(self, root: Path, server_url: str | None = None):
+    def __init__(self, root: Path, server_url: str | None = None, api_key: str | None = None):
         self.root = Path(root).resolve()
         self.server_url = server_url
+        self.api_key = api_key  # for --server-url; handed to the suites' pytest in its environment, not its argv
 
     @cached_property
     def run_config(self) -> RunConfig:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 
@@ -22,7 +23,8 @@ def server_available(ctx: Context) -> tuple[bool, str]:
 
 
 def _run(cmd: list[str], ctx: Context) -> tuple[int, list[str]]:
-    proc = subprocess.run(cmd, cwd=ctx.root, capture_output=True, text=True)
+    env = {**os.environ, "OPENAI_API_KEY": ctx.api_key} if ctx.api_key else None  # pytest's --api-key default
+    proc = subprocess.run(cmd, cwd=ctx.root, capture_output=True, text=True, env=env)
     return proc.returncode, [ln for ln in proc.stdout.strip().splitlines() if ln.strip()]
 
 
