@@ -60,10 +60,12 @@ def reference_or_why(request) -> tuple:
 def measured(openai_server, compared_servers, reference_or_why, tmp_path_factory) -> InterleavedRun:
     twin = compared_servers[TWIN]
     reference, _ = reference_or_why
+    # In this order (reversed every other round): the session's blocks next to both the twin's and the reference's,
+    # whose verdicts must pass, so that those pairs are measured closest in time.
     arms = [Arm(SESSION, openai_server, lambda point: ""), Arm(TWIN, twin, lambda point: ""),
             Arm(SLOWED, twin, slowed)]
     if reference is not None:
-        arms.append(Arm(REFERENCE, reference))
+        arms.insert(0, Arm(REFERENCE, reference))
     out = tmp_path_factory.mktemp("paired")
     for arm in arms:  # the prefix caches' steady state; `make test` warmed them during the parallel run
         with exclusive(arm.server):
