@@ -53,7 +53,7 @@ def start_order(item: pytest.Item, distributed: bool) -> int:
     hands out the tests in two halves at the start, so the second worker would wait for the session's server.
     Without xdist the order within a file stands (the timing run's perf gates depend on it)."""
     names = getattr(item, "fixturenames", ())
-    if distributed and {"compared_servers", "reference_server"} & set(names):
+    if distributed and {"compared_servers", "twin_server", "reference_server"} & set(names):
         return 1
     return 2 if "openai_server" in names else 0
 
@@ -73,7 +73,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
     report = outcome.get_result()
     state_dir = os.environ.get(STATE_ENV)
-    uses_servers = {"openai_server", "compared_servers", "reference_server"} & set(getattr(item, "fixturenames", ()))
+    uses_servers = {"openai_server", "compared_servers", "twin_server", "reference_server"} & \
+        set(getattr(item, "fixturenames", ()))
     if not (report.failed and state_dir and uses_servers):
         return
     from harness.server_health import dead_server_reports
@@ -124,6 +125,16 @@ def compared_servers(pytestconfig: pytest.Config, openai_server: ServerInfo) -> 
     from harness.gates.servers import acquire_compared
 
     return acquire_compared(_embedded_state(pytestconfig, "the compared servers are"), openai_server.model_dir)
+
+
+@pytest.fixture(scope="session")
+def twin_server(pytestconfig: pytest.Config, openai_server: ServerInfo) -> ServerInfo:
+    """The session's server started a second time (harness.gates.servers' twin), alone: what the paired gates
+    compare with the session's, without starting the other compared servers when run by themselves."""
+    from harness.gates.servers import TWIN, acquire_compared
+
+    state = _embedded_state(pytestconfig, "the twin is")
+    return acquire_compared(state, openai_server.model_dir, (TWIN,))[TWIN]
 
 
 @pytest.fixture(scope="session")

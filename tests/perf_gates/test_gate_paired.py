@@ -57,8 +57,8 @@ def reference_or_why(request) -> tuple:
 
 
 @pytest.fixture(scope="module")
-def measured(openai_server, compared_servers, reference_or_why, tmp_path_factory) -> InterleavedRun:
-    twin = compared_servers[TWIN]
+def measured(openai_server, twin_server, reference_or_why, tmp_path_factory) -> InterleavedRun:
+    twin = twin_server
     reference, _ = reference_or_why
     # In this order (reversed every other round): the session's blocks next to both the twin's and the reference's,
     # whose verdicts must pass, so that those pairs are measured closest in time.
