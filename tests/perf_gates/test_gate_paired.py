@@ -62,8 +62,9 @@ def measured(openai_server, twin_server, reference_or_why, tmp_path_factory) -> 
     reference, _ = reference_or_why
     # In this order (reversed every other round): the session's blocks next to both the twin's and the reference's,
     # whose verdicts must pass, so that those pairs are measured closest in time.
-    arms = [Arm(SESSION, openai_server, lambda point: ""), Arm(TWIN, twin, lambda point: ""),
-            Arm(SLOWED, twin, slowed)]
+    # The session's slowdown is never set: its server runs as its code says (a commit that slows it by default
+    # must show against the reference).
+    arms = [Arm(SESSION, openai_server), Arm(TWIN, twin, lambda point: ""), Arm(SLOWED, twin, slowed)]
     if reference is not None:
         arms.insert(0, Arm(REFERENCE, reference))
     out = tmp_path_factory.mktemp("paired")
