@@ -57,6 +57,10 @@ PRESETS: dict[str, tuple[Workload, ...]] = {
     # one session with 8 output tokens measure its prefill (TTFT) and its prefix cache, not its decode.
     "paired": (Workload("decode-micro", (2,), requests=8, output_tokens=32),
                Workload("official-like", (1,), requests=4, output_tokens=8)),
+    # The prefix cache's hit rate at the least cost: two turns of one official-like session (about 10K prompt
+    # tokens, which a server without a cache prefills in full; the 4 turns of `paired` took 320 s there in the
+    # parallel run of 2026-12-03's CI). CI's prefix-caching regression (tests/perf_gates/test_gate_no_cache.py).
+    "prefix-cache": (Workload("official-like", (1,), requests=2, output_tokens=8),),
     # The `bi-v100-tp4-245k` profile's workload, as the team's BI-V100 records describe it (docs/design.md):
     # 8 requests at concurrency 1, max_tokens 256, cumulative multi-turn with tools, prompts capped at 40K tokens.
     "bi-v100-ledger": (Workload("official-like", (1,), requests=8, output_tokens=256, prompt_cap_tokens=40000),),
@@ -131,6 +135,8 @@ def build_points(cfg: BenchConfig, count: ds.TokenCounter) -> list[Point]:
                 kw = {"max_tokens": w.output_tokens} if w.output_tokens else {}
                 if w.requests:
                     kw["sessions"] = max(1, -(-w.requests // 4))  # 4 turns per session
+                    if w.requests < 4:
+                        kw["turns"] = w.requests  # fewer: one session of that many turns
                 if w.prompt_cap_tokens:
                     kw["prompt_cap_tokens"] = w.prompt_cap_tokens
                 d = ds.official_like(cfg.seed, count=count, **kw)

@@ -8,9 +8,9 @@ in reverse, so a drift that is linear over a round moves both sides of every pai
 of the pair ratios. Short blocks cancel more of it: on the 2-core CI kind, a machine whose speed moves by tens of
 percent within seconds, blocks of 3 s gave pairs half as spread as blocks of 7 s (docs/perf-gates.md).
 
-Before each block the harness waits `quiet_s` after the last request of the previous one: vLLM's CPU engine
-core and worker busy-wait for a second after their last message (SpinCondition's busy_loop_s), and a block
-that starts inside that spin shares its core with the other server.
+Before each block the harness waits `quiet_s` after the last request of the previous one on another server: vLLM's
+CPU engine core and worker busy-wait for a second after their last message (SpinCondition's busy_loop_s), and a
+block that starts inside that spin shares its core with the other server.
 
 The result is a directory with one ordinary run directory per arm (manifest.json, summary.json with one repeat
 per round, requests.jsonl, report.md; `qwen36 compare` reads them) and `rounds.json`: the arms, and each block
@@ -82,19 +82,20 @@ def interleave(arms: list[Arm], workloads: tuple[Workload, ...], rounds: int, ou
     end_reason, done = "completed", 0
     bar = tqdm(total=rounds * len(points) * len(arms), desc=f"{label}: interleaved blocks", file=sys.stderr,
                unit="block", disable=not show_progress)
-    last_end = 0.0
+    last_end, last_server = 0.0, None
     try:
         with client_on(arms[0].server.client_cpus):
             for i in range(rounds):
                 for k, point in enumerate(points):
                     for arm in (arms if i % 2 == 0 else arms[::-1]):
                         slowdown = _set_slowdown(arm, point.name)
-                        time.sleep(max(0.0, last_end + quiet_s - time.monotonic()))
+                        if arm.server.base_url != last_server:  # its own spin is no other server's
+                            time.sleep(max(0.0, last_end + quiet_s - time.monotonic()))
                         block = Point(point.name, point.dataset, point.concurrency, 1)
                         began = time.time()
                         (res,), reason = run_points(_client(arm), [block], scoring, show_progress=False,
                                                     exclude_stalled=exclude_stalled)
-                        last_end = time.monotonic()
+                        last_end, last_server = time.monotonic(), arm.server.base_url
                         _keep_block(results[arm.label][k], res, i, root / arm.label)
                         blocks.append({"round": i, "point": point.name, "arm": arm.label, "slowdown": slowdown,
                                        "started": began, "seconds": round(time.time() - began, 3),

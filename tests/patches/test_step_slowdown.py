@@ -3,7 +3,6 @@ step, a file that changes while the server runs, and that the platform's patch s
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import time
 import types
@@ -15,8 +14,31 @@ from patches import step_slowdown
 from patches.settings import PatchSettings, PatchSettingsError
 from patches.step_slowdown import Slowdown, SlowdownSource, parse_slowdown
 
-# The fake step's own work: long enough that the timer's and the spin's overheads (microseconds) are noise.
+# The fake step's own time, on the fake clock below.
 STEP_S = 0.02
+
+
+class FakeClock:
+    """time.perf_counter for the slowdown: the fake step advances it by STEP_S, a spin by what it was asked for,
+    so the tests read exact step times whatever else the machine does (the parallel suite shares two cores)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.fixture(autouse=True)
+def clock(monkeypatch) -> FakeClock:
+    fake = FakeClock()
+
+    def spin(seconds: float) -> None:
+        fake.now += seconds
+
+    monkeypatch.setattr(step_slowdown.time, "perf_counter", fake.perf_counter)
+    monkeypatch.setattr(step_slowdown, "_spin", spin)
+    return fake
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -58,9 +80,9 @@ DECODE = SchedulerOutput({"r1": 1, "r2": 1}, 2)
 PREFILL = SchedulerOutput({"r1": 1, "r2": 37}, 38)  # one request decodes while another prefills
 
 
-def fake_engine_class():
-    """vLLM's engine core as far as the slowdown sees it: a loop step that runs `step_fn` (schedule, then work for
-    STEP_S) and hands its outputs on."""
+def fake_engine_class(clock: FakeClock):
+    """vLLM's engine core as far as the slowdown sees it: a loop step that runs `step_fn` (schedule, then STEP_S of
+    work on the fake clock) and hands its outputs on."""
     class Scheduler:
         def __init__(self):
             self.next = DECODE
@@ -76,71 +98,73 @@ def fake_engine_class():
 
         def step(self):
             out = self.scheduler.schedule(False)
-            deadline = time.perf_counter() + STEP_S
-            while time.perf_counter() < deadline:
-                pass
+            clock.now += STEP_S
             return ("executed", out.total_num_scheduled_tokens)
 
         def _process_engine_step(self):
             outputs = self.step_fn()
-            self.handed_on.append((outputs, time.perf_counter()))
+            self.handed_on.append((outputs, clock.now))
             return True
     return EngineCoreProc
 
 
-def step_time(engine, scheduler_output, repeats: int = 5) -> float:
-    """Median time from a loop step's start to its outputs being handed on."""
+def step_time(engine, scheduler_output, clock: FakeClock) -> float:
+    """From a loop step's start to its outputs being handed on."""
     engine.scheduler.next = scheduler_output
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        engine._process_engine_step()
-        times.append(engine.handed_on[-1][1] - began)
-    return statistics.median(times)
+    began = clock.now
+    engine._process_engine_step()
+    return engine.handed_on[-1][1] - began
 
 
-def test_a_slowdown_lengthens_only_its_kind_of_step_by_its_fraction_and_keeps_the_output():
-    cls = fake_engine_class()
+def test_a_slowdown_lengthens_only_its_kind_of_step_by_its_fraction_and_keeps_the_output(clock):
+    cls = fake_engine_class(clock)
     assert step_slowdown.install(SlowdownSource(Slowdown(decode=0.5)), cls)
     engine = cls()
     engine._process_engine_step()
     assert engine.handed_on[-1][0] == ("executed", 2)  # the step's own outputs
-    decode, prefill = step_time(engine, DECODE), step_time(engine, PREFILL)
-    assert decode / STEP_S == pytest.approx(1.5, abs=0.1)
-    assert prefill / STEP_S == pytest.approx(1.0, abs=0.1)
+    assert step_time(engine, DECODE, clock) == pytest.approx(1.5 * STEP_S)
+    assert step_time(engine, PREFILL, clock) == pytest.approx(STEP_S)
 
 
-def test_installing_twice_wraps_once():
-    cls = fake_engine_class()
+def test_installing_twice_wraps_once(clock):
+    cls = fake_engine_class(clock)
     step_slowdown.install(SlowdownSource(Slowdown(0.5, 0.5)), cls)
     step_slowdown.install(SlowdownSource(Slowdown(0.5, 0.5)), cls)
-    assert step_time(cls(), DECODE) / STEP_S == pytest.approx(1.5, abs=0.1)
+    assert step_time(cls(), DECODE, clock) == pytest.approx(1.5 * STEP_S)
 
 
-def test_a_slowdown_file_changes_the_step_time_while_the_engine_runs(tmp_path):
+def test_a_slowdown_file_changes_the_step_time_while_the_engine_runs(tmp_path, clock):
     path = tmp_path / "slowdown"
-    cls = fake_engine_class()
+    cls = fake_engine_class(clock)
     step_slowdown.install(SlowdownSource(path=str(path)), cls)
     engine = cls()
-    assert step_time(engine, PREFILL) / STEP_S == pytest.approx(1.0, abs=0.1)  # no file yet: no slowdown
+    assert step_time(engine, PREFILL, clock) == pytest.approx(STEP_S)  # no file yet: no slowdown
 
     def replace(text: str) -> None:
         (tmp_path / "new").write_text(text)
         os.replace(tmp_path / "new", path)
 
     replace("prefill=1")
-    assert step_time(engine, PREFILL) / STEP_S == pytest.approx(2.0, abs=0.15)
+    assert step_time(engine, PREFILL, clock) == pytest.approx(2 * STEP_S)
     replace("")
-    assert step_time(engine, PREFILL) / STEP_S == pytest.approx(1.0, abs=0.1)
+    assert step_time(engine, PREFILL, clock) == pytest.approx(STEP_S)
     replace("not a number")  # a bad file keeps the last good value, and says why in the log
-    assert step_time(engine, PREFILL) / STEP_S == pytest.approx(1.0, abs=0.1)
+    assert step_time(engine, PREFILL, clock) == pytest.approx(STEP_S)
 
 
-def test_an_engine_built_before_the_wrapper_is_slowed_too():
-    cls = fake_engine_class()
+def test_an_engine_built_before_the_wrapper_is_slowed_too(clock):
+    cls = fake_engine_class(clock)
     engine = cls()  # step_fn bound to the plain step already
     step_slowdown.install(SlowdownSource(Slowdown(0.5, 0.5)), cls)
-    assert step_time(engine, DECODE) / STEP_S == pytest.approx(1.5, abs=0.1)
+    assert step_time(engine, DECODE, clock) == pytest.approx(1.5 * STEP_S)
+
+
+def test_the_spin_keeps_the_core_busy_for_as_long_as_asked(monkeypatch):
+    monkeypatch.undo()  # the real clock and spin
+    began_cpu, began = time.process_time(), time.perf_counter()
+    step_slowdown._spin(0.05)
+    assert time.perf_counter() - began >= 0.05
+    assert time.process_time() - began_cpu > 0.01  # busy, not asleep (a loaded core may give it less than 0.05)
 
 
 def test_the_engine_module_is_wrapped_when_it_is_imported_not_before(monkeypatch, tmp_path):
@@ -163,7 +187,7 @@ def test_the_engine_module_is_wrapped_when_it_is_imported_not_before(monkeypatch
 
 def test_a_module_already_imported_is_wrapped_at_once(monkeypatch):
     module = types.ModuleType("qwen36_fake_loaded_engine")
-    module.EngineCoreProc = fake_engine_class()
+    module.EngineCoreProc = fake_engine_class(FakeClock())
     monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setattr(step_slowdown, "ENGINE_MODULE", module.__name__)
     step_slowdown.install(SlowdownSource(Slowdown(0.2, 0.2)))

@@ -21,16 +21,16 @@ pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.usefixtures("emb
 # Two pairs: a hit rate has no noise to average (the same in every repeat of a warm server, 0 without a cache).
 ROUNDS = 2
 POINT = "official-like@c1"
+PRESET = "prefix-cache"  # two turns of one official-like session: the hit rate at the least cost
 
 
 def test_prefix_caching_off_is_caught_on_the_cache_hit_rate(openai_server, compared_servers, tmp_path):
     no_cache = compared_servers[NO_CACHE]
-    # The session's prefix cache in its steady state (a cold first pass hits less, and two pairs would then
-    # differ); `make test` has usually warmed it already. No-cache has no cache state to warm.
-    warm(openai_server, STEADY_PREFIX_CACHE, tmp_path)
-    workload = tuple(w for w in PRESETS["paired"] if w.dataset == "official-like")
+    # The session's prefix cache in its steady state for these prompts (a cold first pass hits less, and the two
+    # pairs would then differ). No-cache has no cache state to warm.
+    warm(openai_server, Warmup(1, preset=PRESET), tmp_path)
     with exclusive(no_cache):  # the MoE test sends its requests alone
-        run = interleave([Arm("session", openai_server), Arm(NO_CACHE, no_cache)], workload, ROUNDS, tmp_path,
+        run = interleave([Arm("session", openai_server), Arm(NO_CACHE, no_cache)], PRESETS[PRESET], ROUNDS, tmp_path,
                          "no-cache")
     report = paired_gate(run.path, "session", NO_CACHE, metrics={POINT: ("cache_hit_rate",)})
     write_paired_report(report, run.path)
