@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from harness.artifacts import new_run_dir, write_json
+from harness.artifacts import new_run_dir
 from harness.bench import PRESETS
 from harness.gates.decision import Tolerance
 from harness.gates.interleave import Arm, interleave

@@ -171,7 +171,7 @@ class PairedTolerances:
     a pair not listed takes fixtures/gates/policy.yaml's tolerance."""
     points: dict[str, dict[str, Tolerance]]
     measured: dict  # how and where the A/A pairs behind them were measured
-    pairs: int = 8  # the pairs a gate measures, what the tolerances were sized with
+    pairs: int = DEFAULT_PAIRS  # the pairs a gate measures, what the tolerances were sized with
 
     @classmethod
     def load(cls, path: Path = PAIRED_TOLERANCES_FILE) -> "PairedTolerances":

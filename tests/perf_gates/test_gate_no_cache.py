@@ -14,8 +14,8 @@ import pytest
 from harness.bench import PRESETS
 from harness.gates.interleave import Arm, interleave
 from harness.gates.paired import paired_gate, report_markdown, write_paired_report
-from harness.gates.measure import warm
-from harness.gates.servers import NO_CACHE, STEADY_PREFIX_CACHE, exclusive
+from harness.gates.measure import Warmup, warm
+from harness.gates.servers import NO_CACHE, exclusive
 
 pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.usefixtures("embedded_server_only")]
 # Two pairs: a hit rate has no noise to average (the same in every repeat of a warm server, 0 without a cache).

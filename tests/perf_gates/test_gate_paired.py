@@ -22,7 +22,6 @@ parallel run (harness.suite_session).
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
 import yaml
 
 from harness.gates.calibrate import analyse, report_markdown, write_tolerances

@@ -1,6 +1,5 @@
 """harness.gates.measure's warm-ups without a server: one warm-up per server and workload, recorded beside the
 server's log, so the timing run's tests skip what `make test`'s parallel run already did."""
-from pathlib import Path
 
 import pytest
 
