@@ -20,6 +20,7 @@ import math
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,17 +51,19 @@ class CalibrationPlan:
     sizes: tuple[float, ...] = (0.1, 0.2)
 
 
-def run_calibration(plan: CalibrationPlan, out_root: Path) -> Path:
-    """Measure the plan's runs into a new directory under `out_root`; returns it (results.jsonl grows per run)."""
-    root = new_run_dir(out_root, "calibrate")
+def run_calibration(plan: CalibrationPlan, out_root: Path, resume: Path | None = None) -> Path:
+    """Measure the plan's runs into a new directory under `out_root`, or on after the runs that `resume` (a
+    directory this wrote) already holds; returns the directory (results.jsonl grows per run)."""
+    root = Path(resume) if resume else new_run_dir(out_root, "calibrate")
+    done = len(load_results(root)) if resume else 0
     tolerances = PairedTolerances.load()
     from harness.tiny_model import build_tiny_model
 
     model = build_tiny_model(root / "tiny-model")
     servers = {}
     try:
-        for i in range(plan.runs):
-            if i % plan.restart_every == 0:
+        for i in range(done, plan.runs):
+            if not servers or i % plan.restart_every == 0:
                 for s in servers.values():
                     s.stop()
                 servers = _start_pair(root, model, i)
@@ -87,10 +90,15 @@ def run_calibration(plan: CalibrationPlan, out_root: Path) -> Path:
 
 
 def _start_pair(root: Path, model: Path, i: int) -> dict:
+    """A and B, started together: B on the mirrored layout, so the two compile on different cores, then moved to
+    the layout (harness.server's start_mirrored)."""
     servers = {name: embedded_server(root, model, root / f"start{i:02d}-{name}.log", cpu_kvcache_gib=SESSION_KV_GIB,
-                                     env=embedded_env(root, f"{name}-{i}")) for name in (A, B)}
-    for s in servers.values():
-        s.start()
+                                     env=embedded_env(root, f"{name}-{i}"), start_mirrored=name == B)
+               for name in (A, B)}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        started = [pool.submit(s.start) for s in servers.values()]
+    for future in started:
+        future.result()
     return servers
 
 

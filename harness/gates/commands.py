@@ -99,6 +99,9 @@ def add_parsers(sub) -> None:
     cal.add_argument("--out", type=Path, default=None, help="runs root (default: runs/)")
     cal.add_argument("--analyse", type=Path, default=None, metavar="DIR",
                      help="analyse a calibration directory measured before instead of measuring")
+    cal.add_argument("--resume", type=Path, default=None, metavar="DIR",
+                     help="measure on into a calibration directory after the runs it holds (same --runs, "
+                          "--restart-every and --sizes as it was started with)")
     cal.add_argument("--write", action="store_true",
                      help="write the sized tolerances into fixtures/gates/paired.yaml")
     cal.set_defaults(handler=_cmd_calibrate)
@@ -238,7 +241,8 @@ def _cmd_calibrate(a) -> int:
     if a.analyse is None and (a.runs < 4 or a.restart_every < 1 or not sizes):
         raise HarnessError("give --runs 4 or more (a tolerance needs 3 controls besides the one judged), "
                            "--restart-every 1 or more, and one --sizes at least")
-    directory = a.analyse or run_calibration(CalibrationPlan(a.runs, a.restart_every, sizes), a.out or RUNS_DIR)
+    directory = a.analyse or run_calibration(CalibrationPlan(a.runs, a.restart_every, sizes), a.out or RUNS_DIR,
+                                             resume=a.resume)
     how = f"qwen36 calibrate --runs {a.runs} --restart-every {a.restart_every} --sizes {a.sizes}"
     analysis = analyse(load_results(directory), PairedTolerances.load())
     text = report_markdown(analysis, how)

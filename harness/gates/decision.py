@@ -37,7 +37,7 @@ Direction = Literal["higher", "lower"]
 Scale = Literal["relative", "absolute"]
 Verdict = Literal["pass", "regression", "improvement", "inconclusive"]
 
-__all__ = ["Tolerance", "Decision", "decide", "min_margin", "min_tolerance"]
+__all__ = ["Tolerance", "Decision", "decide", "t_verdict", "min_margin", "min_tolerance"]
 
 # min_margin's margin over its calibration (drawn from _CALIBRATION_DRAWS samples, normal noise): room for the
 # calibration's own sampling error and for noise that is not normal on the comparison scale.
@@ -139,18 +139,25 @@ def decide(
         verdict = "regression" if d > m else "improvement" if -d > m else "pass"
         return Decision(verdict, p_worse=0.0 if d > 0 else 1.0, underpowered=False,
                         note=note or "no spread in the repeats: the difference is exact", **common)
+    verdict, p_worse, underpowered = t_verdict(d, se, df, m, alpha)
+    return Decision(verdict, p_worse=p_worse, underpowered=underpowered, note=note, **common)
+
+
+def t_verdict(d: float, se: float, df: float, m: float, alpha: float) -> tuple[Verdict, float, bool]:
+    """(verdict, one-sided p that the candidate is worse, underpowered) for an estimated worsening `d` with
+    standard error `se` on `df` degrees of freedom, at margin `m`: the rule of the module docstring, which the
+    paired gate (harness.gates.paired) applies to pair differences as well."""
     # scipy.special's Student t directly: the same values as scipy.stats.t, without its per-call overhead.
     p_worse = float(special.stdtr(df, -d / se))
     p_better = float(special.stdtr(df, d / se))
     if p_worse < alpha and d > m:
-        verdict = "regression"
+        verdict: Verdict = "regression"
     elif p_better < alpha and -d > m:
         verdict = "improvement"
     else:
         verdict = "pass"
-    upper = d + float(special.stdtrit(df, 1 - alpha)) * se
-    underpowered = verdict == "pass" and upper > m
-    return Decision(verdict, p_worse=p_worse, underpowered=underpowered, note=note, **common)
+    underpowered = verdict == "pass" and d + float(special.stdtrit(df, 1 - alpha)) * se > m
+    return verdict, p_worse, underpowered
 
 
 def _standard_error(yb: list[float], yc: list[float]) -> tuple[float | None, float, str]:

@@ -33,7 +33,7 @@ from scipy import special
 
 from harness.errors import HarnessError
 from harness.gates.baseline import load_policy
-from harness.gates.decision import Decision, Direction, Tolerance
+from harness.gates.decision import Decision, Direction, Tolerance, t_verdict
 from harness.gates.gate import FAMILY_ALPHA, load_run
 from harness.metrics import REGISTRY, TIMING_PERCENTILES
 from harness.paths import PAIRED_TOLERANCES_FILE
@@ -78,15 +78,7 @@ def decide_differences(d: list[float], margin: float, alpha: float) -> tuple[str
     if s == 0:
         verdict = "regression" if mean > margin else "improvement" if -mean > margin else "pass"
         return verdict, 0.0 if mean > 0 else 1.0, False, "every pair differs by the same amount: the difference is exact"
-    se, df = s / math.sqrt(n), n - 1
-    p_worse, p_better = float(special.stdtr(df, -mean / se)), float(special.stdtr(df, mean / se))
-    if p_worse < alpha and mean > margin:
-        verdict = "regression"
-    elif p_better < alpha and -mean > margin:
-        verdict = "improvement"
-    else:
-        verdict = "pass"
-    underpowered = verdict == "pass" and mean + float(special.stdtrit(df, 1 - alpha)) * se > margin
+    verdict, p_worse, underpowered = t_verdict(mean, s / math.sqrt(n), n - 1, margin, alpha)
     return verdict, p_worse, underpowered, ""
 
 
