@@ -6,7 +6,7 @@ import os
 import shlex
 import signal
 import sys
-import time
+import threading
 from pathlib import Path
 
 from harness.errors import HarnessError
@@ -170,14 +170,15 @@ def _cmd_serve(a) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with server:
-        try:
-            # Inside the try: a SIGTERM right after "ready" (a supervisor, a test) is a clean stop too.
-            print(f"ready: {server.base_url}  (Ctrl-C stops it)", flush=True)
-            while True:
-                server.check_alive()
-                time.sleep(1)
-        except KeyboardInterrupt:
-            print("stopping", file=sys.stderr)
+        # Once up, a signal only asks the loop to end: an exception raised at an arbitrary point (inside
+        # Popen.poll, between taking its lock and the try that releases it) left stop()'s wait unable to reap.
+        stop_asked = threading.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: stop_asked.set())
+        print(f"ready: {server.base_url}  (Ctrl-C stops it)", flush=True)
+        while not stop_asked.wait(1):
+            server.check_alive()
+        print("stopping", file=sys.stderr)
     return 0
 
 

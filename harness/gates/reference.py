@@ -21,6 +21,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from dataclasses import dataclass
@@ -230,11 +231,16 @@ def serve_reference_until_stopped(ref: Reference, model_dir: Path | None, work_d
             model_dir = build_tiny_model(work_dir / "tiny-model")
         server = ReferenceServer(worktree, work_dir / "serve", Path(model_dir))
         info = server.start()
+        # A signal only asks the loop to end (as `qwen36 serve`'s): one raised inside Popen.poll could leave its
+        # lock taken, and stop() unable to reap the server.
+        stop_asked = threading.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: stop_asked.set())
         print(f"reference {ref.commit[:12]} ready: {info.base_url}  (Ctrl-C stops it)", flush=True)
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-        while server.proc is not None and server.proc.poll() is None:
-            time.sleep(1)
-        return 1
+        while not stop_asked.wait(1):
+            if server.proc is None or server.proc.poll() is not None:
+                return 1
+        return 0
     except KeyboardInterrupt:
         return 0
     finally:

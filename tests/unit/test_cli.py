@@ -50,5 +50,5 @@ def test_serve_with_a_custom_command_becomes_ready_and_stops_on_sigterm(tmp_path
     line = p.stdout.readline()
     assert line.startswith("ready: http://127.0.0.1:"), p.stderr.read() if p.poll() is not None else line
     p.send_signal(signal.SIGTERM)
-    assert p.wait(timeout=30) == 0
+    assert p.wait(timeout=30) == 0, p.stderr.read()
     assert "fake server on" in (tmp_path / "server.log").read_text()
