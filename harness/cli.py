@@ -6,7 +6,6 @@ import os
 import shlex
 import signal
 import sys
-import threading
 from pathlib import Path
 
 from harness.errors import HarnessError
@@ -155,7 +154,7 @@ def _cmd_tiny_model(a) -> int:
 
 
 def _cmd_serve(a) -> int:
-    from harness.server import embedded_server
+    from harness.server import embedded_server, until_signalled
 
     server = embedded_server(a.run_dir, a.model, served_model_name=a.served_model_name, port=a.port,
                              max_model_len=a.max_model_len,
@@ -166,18 +165,14 @@ def _cmd_serve(a) -> int:
     if server.layout:
         print(f"placement: {server.layout.describe()}; a client on this machine: "
               f"qwen36 bench --client-cpus {','.join(map(str, server.layout.frontend))}", file=sys.stderr)
-    # Both end the server cleanly; SIGINT explicitly, as a background job may inherit it ignored.
+    # While it starts, both end it cleanly (SIGINT explicitly, as a background job may inherit it ignored); once
+    # up, until_signalled takes them over.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with server:
-        # Once up, a signal only asks the loop to end: an exception raised at an arbitrary point (inside
-        # Popen.poll, between taking its lock and the try that releases it) left stop()'s wait unable to reap.
-        stop_asked = threading.Event()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda *_: stop_asked.set())
         print(f"ready: {server.base_url}  (Ctrl-C stops it)", flush=True)
-        while not stop_asked.wait(1):
-            server.check_alive()
+        if not until_signalled(lambda: server.proc is not None and server.proc.poll() is None):
+            server.check_alive()  # raises ServerDied with the log's tail
         print("stopping", file=sys.stderr)
     return 0
 

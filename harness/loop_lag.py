@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 # 5 ms: 200 wake-ups a second (well under 1% of a core); a stall is at least 100 ms, so it spans 20 of them.
@@ -50,6 +52,18 @@ class LoopLag:
                 break
             total += max(0, min(ran, end_ns) - max(due, start_ns))
         return total
+
+
+@contextlib.asynccontextmanager
+async def watching() -> AsyncIterator[LoopLag]:
+    """A LoopLag running on the current event loop for the body of the `async with`."""
+    lag = LoopLag()
+    task = asyncio.create_task(lag.run())
+    try:
+        yield lag
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 def stall_window_ns(rec) -> tuple[int, int] | None:

@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from harness.client import ClientConfig, RequestRecord, make_http_client, stream_request
 from harness.datasets import Dataset, Item
-from harness.loop_lag import LoopLag, attribute
+from harness.loop_lag import LoopLag, attribute, watching
 from harness.metrics import RunSummary, Scoring, summarize
 
 
@@ -74,14 +74,9 @@ async def _run_point(cfg: ClientConfig, point: Point, scoring: Scoring, stop: as
                      on_repeat: Callable[[], None] | None, show_progress: bool,
                      exclude_stalled: bool) -> PointResult:
     result = PointResult(point)
-    lag = LoopLag()  # the client's own lateness, which tells a client's stall from a server's
-    lag_task = asyncio.create_task(lag.run())
-    try:
+    async with watching() as lag:  # the client's own lateness, which tells a client's stall from a server's
         return await _measure_point(cfg, point, scoring, stop, on_repeat, show_progress, exclude_stalled, result,
                                     lag)
-    finally:
-        lag_task.cancel()
-        await asyncio.gather(lag_task, return_exceptions=True)
 
 
 async def _measure_point(cfg: ClientConfig, point: Point, scoring: Scoring, stop: asyncio.Event,

@@ -15,8 +15,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -273,6 +274,19 @@ class ManagedServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def until_signalled(alive: Callable[[], bool]) -> bool:
+    """Serve in the foreground: True once SIGINT or SIGTERM came, False as soon as `alive()` (asked every second)
+    is false. A signal only sets an event: an exception raised at an arbitrary point, as a KeyboardInterrupt
+    inside Popen.poll between taking its lock and the try that releases it, could leave stop() unable to reap."""
+    stop_asked = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop_asked.set())
+    while not stop_asked.wait(1):
+        if not alive():
+            return False
+    return True
 
 
 def terminate_tree(pid: int, known_descendants: dict[int, "psutil.Process"] | None = None,

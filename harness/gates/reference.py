@@ -18,10 +18,8 @@ import contextlib
 import datetime as dt
 import os
 import re
-import signal
 import subprocess
 import sys
-import threading
 import time
 import tomllib
 from dataclasses import dataclass
@@ -34,7 +32,7 @@ from harness import watchdog
 from harness.errors import HarnessError, ServerDied
 from harness.paths import REFERENCE_FILE, REPO_ROOT
 from harness.placement import plan_layout
-from harness.server import DEFAULT_SERVED_NAME, log_tail, terminate_tree
+from harness.server import DEFAULT_SERVED_NAME, log_tail, terminate_tree, until_signalled
 from harness.shared_server import ServerInfo
 
 MOVE_COMMAND = "qwen36 reference move"
@@ -231,16 +229,8 @@ def serve_reference_until_stopped(ref: Reference, model_dir: Path | None, work_d
             model_dir = build_tiny_model(work_dir / "tiny-model")
         server = ReferenceServer(worktree, work_dir / "serve", Path(model_dir))
         info = server.start()
-        # A signal only asks the loop to end (as `qwen36 serve`'s): one raised inside Popen.poll could leave its
-        # lock taken, and stop() unable to reap the server.
-        stop_asked = threading.Event()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda *_: stop_asked.set())
         print(f"reference {ref.commit[:12]} ready: {info.base_url}  (Ctrl-C stops it)", flush=True)
-        while not stop_asked.wait(1):
-            if server.proc is None or server.proc.poll() is not None:
-                return 1
-        return 0
+        return 0 if until_signalled(lambda: server.proc is not None and server.proc.poll() is None) else 1
     except KeyboardInterrupt:
         return 0
     finally:

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from harness.client import ClientConfig, make_http_client, stream_request
-from harness.loop_lag import LoopLag
+from harness.loop_lag import watching
 from harness.metrics import Scoring, summarize
 from tests.unit.synthetic_server import Scenario, SyntheticServer, chunk, normal_stream, usage
 
@@ -22,14 +22,9 @@ def _run(server: SyntheticServer, model: str, *, timeout_s: float = 10.0, stall_
     cfg = ClientConfig(server.url, model, timeout_s=timeout_s, stall_timeout_s=stall_s)
 
     async def go():
-        lag = LoopLag()  # as the runner keeps one: how late the client's own loop was during the request
-        lag_task = asyncio.create_task(lag.run())
-        try:
-            async with make_http_client(cfg) as http:
-                rec = await stream_request(http, cfg, {"messages": [{"role": "user", "content": "x"}]}, "r0")
-        finally:
-            lag_task.cancel()
-            await asyncio.gather(lag_task, return_exceptions=True)
+        # As the runner does: how late the client's own loop was, here over the whole request.
+        async with watching() as lag, make_http_client(cfg) as http:
+            rec = await stream_request(http, cfg, {"messages": [{"role": "user", "content": "x"}]}, "r0")
         if rec.t0_ns is not None:
             rec.client_late_s = lag.late_within(rec.t0_ns, time.monotonic_ns()) / 1e9
         return rec
