@@ -1,7 +1,6 @@
 """Running `qwen36 tune` (also `python -m harness.tune`): sweep, check, time, write the table and the report."""
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import shlex
 import signal
@@ -24,9 +23,8 @@ from .report import format_rows, layer_breakdown, write_report
 from .table import build_table, winners, write_table
 from .targets import judge_targets
 from .timing import L2Flusher, graphs_supported
-from .args import add_arguments
 
-__all__ = ["run", "main"]
+__all__ = ["run"]
 
 TINY_LAYER_POINTS = ((1, 64), (1, 1), (8, 1))
 
@@ -173,12 +171,3 @@ def _triton_version() -> str | None:
         return triton.__version__
     except ImportError:
         return None
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.tune", description=__doc__)
-    add_arguments(p)
-    argv = sys.argv[1:] if argv is None else argv
-    a = p.parse_args(argv)
-    a.command = ["python", "-m", "harness.tune", *argv]
-    return run(a)
