@@ -46,7 +46,7 @@ HBM_BYTES_PER_S = 4.3e12
 BF16_FLOP_PER_S = 790e12
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 512, 4096, 8192)
 BASELINES = ("decode_fused", "tiny_bmm", "sorted", "grouped_mm")
-BF16_BOUND = 1.5e-2  # tests/numerics/tolerances.py, the bf16 bound of every path
+BF16_BOUND = 1.5e-2  # model/tolerances.py, the bf16 bound of every path
 
 # The registered defaults are among the candidates, so the sweep always shows them too.
 DECODE_CANDIDATES = list(dict.fromkeys(

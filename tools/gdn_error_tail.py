@@ -1,4 +1,4 @@
-"""The float32 GDN layer's error tail over random seeds: what tests/numerics/tolerances.py's GDN_LAYER and
+"""The float32 GDN layer's error tail over random seeds: what model/tolerances.py's GDN_LAYER and
 GDN_HANDOVER bounds are sized from.
 
     PYTHONPATH=. .venv/bin/python tools/gdn_error_tail.py --seconds 60

@@ -9,7 +9,7 @@ import torch
 
 from model.gdn import GDN_RULE_PATHS, GDNDims, run_gdn_rule
 
-from .bounds import tolerances
+from model import tolerances
 from .ceilings import Ceilings
 from .floors import floor_of, gdn_rule_work
 from .inputs import gdn_rule_inputs
@@ -30,7 +30,7 @@ def unavailable_rule_paths(s: Settings) -> dict[str, str]:
 
 def _tolerance(name: str, s: Settings) -> float | None:
     try:
-        return tolerances().gdn_rule_tolerance(name, s.dtype)
+        return tolerances.gdn_rule_tolerance(name, s.dtype)
     except KeyError:
         return None
 
@@ -51,7 +51,7 @@ def _point(block: str, batch: int, tokens: int, d: GDNDims, s: Settings, ceiling
         m = Measurement(block, key, name, "error", floor=floor, bound=_tolerance(name, s),
                         extra={"batch": batch, "tokens": tokens})
         if m.bound is None:
-            m.detail = f"no {s.dtype} tolerance for {name!r} in tests/numerics/tolerances.py"
+            m.detail = f"no {s.dtype} tolerance for {name!r} in model/tolerances.py"
             rows.append(m)
             out_rows.append(m)
             continue

@@ -1,6 +1,6 @@
 """The GDN layer end to end and stage by stage (projections, causal conv1d, gating, delta rule, gated RMSNorm,
 out_proj), to say which part dominates once the rule is fast. The whole layer's output is compared with the
-float64 layer built from the reference paths; tests/numerics/tolerances.py bounds it only in float32
+float64 layer built from the reference paths; model/tolerances.py bounds it only in float32
 (GDN_LAYER), so for other dtypes the error is reported, not judged."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from model.gdn import GDNDims, GDNState, gdn_gating, gdn_layer, run_conv_path, run_gdn_rule, select_conv_path
 from model.norm import GATED_NORM_PATHS
 
-from .bounds import tolerances
+from model import tolerances
 from .inputs import gdn_hidden, gdn_weights, generator
 from .measure import Measurement, Settings, check_error, measure
 
@@ -63,7 +63,7 @@ def time_gdn_layer(d: GDNDims, s: Settings, rule_for: Callable[[int, int], str],
     """Appends to `rows` as it goes (a sweep stopped half way keeps what it measured)."""
     w = gdn_weights(d, s.dtype, s.device)
     w64 = w.to(torch.float64)
-    bound = tolerances().GDN_LAYER.get(s.dtype)
+    bound = tolerances.GDN_LAYER.get(s.dtype)
     rows = [] if rows is None else rows
     for batch, tokens in points:
         tick(f"gdn layer B={batch} T={tokens}")

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from model.moe import EXPERT_PATHS, ROUTERS, MoEWeights, moe_block_reference, shared_expert
 
-from .bounds import tolerances
+from model import tolerances
 from .ceilings import Ceilings
 from .dims import MoEDims
 from .floors import floor_of, moe_block_work, moe_experts_work
@@ -32,9 +32,10 @@ def _candidates(tokens: int, s: Settings, pruner: Pruner):
 
 
 def _tolerance(block_or_path: str, s: Settings) -> float | None:
-    tol = tolerances()
     try:
-        return tol.MOE_BLOCK[s.dtype] if block_or_path == "block" else tol.expert_path_tolerance(block_or_path, s.dtype)
+        if block_or_path == "block":
+            return tolerances.MOE_BLOCK[s.dtype]
+        return tolerances.expert_path_tolerance(block_or_path, s.dtype)
     except KeyError:
         return None
 
@@ -59,7 +60,7 @@ def sweep_moe_experts(d: MoEDims, tokens_list, s: Settings, ceilings: Ceilings, 
             m = Measurement("moe_experts", tokens, name, "error", floor=floor, extra={"distinct_experts": distinct})
             m.bound = _tolerance(name, s)
             if m.bound is None:
-                m.detail = f"no {s.dtype} tolerance for {name!r} in tests/numerics/tolerances.py"
+                m.detail = f"no {s.dtype} tolerance for {name!r} in model/tolerances.py"
                 here.append(m)
                 rows.append(m)
                 continue

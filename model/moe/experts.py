@@ -8,7 +8,7 @@ Calling convention: `path(x [T, H], w13, w2, weights fp32 [T, k], ids int64 [T, 
 A path must overwrite every element of `out` (tests poison it with NaN first) and return it.
 Tests iterate `EXPERT_PATHS`, so a path is tested the moment it is registered. The reference and the
 pure-PyTorch rewrites are registered here; a new path is one module in model/moe/expert_paths/ (found and
-imported with the package) plus its tolerance in tests/numerics/tolerances.py.
+imported with the package) plus its tolerance in model/tolerances.py.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from model.attention import ATTENTION_CORES, AttentionDims, KVCache, gated_atten
 from model.rope import apply_partial_rope, rope_cos_sin
 from tests.numerics.compare import assert_close, cpu_supports
 from tests.numerics.gdn_attention_cases import TINY_ATTENTION, generator, randn, random_attention_weights
-from tests.numerics.tolerances import ATTENTION_CORES as CORE_TOLERANCES, ATTENTION_PREFIX
+from model.tolerances import ATTENTION_CORES as CORE_TOLERANCES, ATTENTION_PREFIX
 
 F64, F32, BF16 = torch.float64, torch.float32, torch.bfloat16
 DTYPES = [d for d in (F64, F32, BF16) if cpu_supports(d)]

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from model.gdn import CONV_PATHS, run_conv_path
 from tests.numerics.compare import assert_close, cpu_supports
 from tests.numerics.gdn_attention_cases import generator, randn
-from tests.numerics.tolerances import GDN_CONV_PATHS, GDN_HANDOVER
+from model.tolerances import GDN_CONV_PATHS, GDN_HANDOVER
 
 F64, F32, BF16 = torch.float64, torch.float32, torch.bfloat16
 DTYPES = [d for d in (F64, F32, BF16) if cpu_supports(d)]

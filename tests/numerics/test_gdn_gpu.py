@@ -17,7 +17,7 @@ import torch
 from model.gdn import CONV_PATHS, GDN_RULE_PATHS, GDNDims, run_conv_path, run_gdn_rule
 from tests.numerics.compare import assert_close, poisoned_like, relative_error
 from tests.numerics.gdn_attention_cases import generator, random_recurrent_state, randn, rule_inputs
-from tests.numerics.tolerances import gdn_rule_tolerance
+from model.tolerances import gdn_rule_tolerance
 
 pytestmark = pytest.mark.gpu
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from model.gdn import GDNState, GDNWeights, gdn_layer, qwen35_to_qwen3_next, qwen3_next_to_qwen35
 from tests.numerics.compare import assert_close
 from tests.numerics.gdn_attention_cases import TINY_GDN, generator, randn, random_gdn_state, random_gdn_weights
-from tests.numerics.tolerances import GDN_HANDOVER, GDN_LAYER
+from model.tolerances import GDN_HANDOVER, GDN_LAYER
 
 F64, F32 = torch.float64, torch.float32
 SEEDS = st.integers(0, 2**32 - 1)

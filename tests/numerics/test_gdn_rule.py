@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from model.gdn import CHUNK_SIZE, GDN_RULE_PATHS, run_gdn_rule, state_dtype
 from tests.numerics.compare import assert_close, cpu_supports, poisoned_like
 from tests.numerics.gdn_attention_cases import TINY_GDN, generator, random_recurrent_state, rule_inputs
-from tests.numerics.tolerances import GDN_HANDOVER, GDN_RULE_PATHS as RULE_TOLERANCES, gdn_rule_tolerance
+from model.tolerances import GDN_HANDOVER, GDN_RULE_PATHS as RULE_TOLERANCES, gdn_rule_tolerance
 
 F64, F32, BF16 = torch.float64, torch.float32, torch.bfloat16
 DTYPES = [d for d in (F64, F32, BF16) if cpu_supports(d)]
@@ -44,7 +44,7 @@ def run_poisoned(name, q, k, v, g, beta, state):
 
 def test_every_rule_path_has_a_tolerance():
     missing = sorted(set(GDN_RULE_PATHS) - set(RULE_TOLERANCES))
-    assert not missing, f"rule paths without a tolerance in tests/numerics/tolerances.py: {missing}"
+    assert not missing, f"rule paths without a tolerance in model/tolerances.py: {missing}"
 
 
 def _cpu_cases():

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from model.moe import MoEConfig, moe_block, moe_block_reference
-from tests.numerics import tolerances
+from model import tolerances
 from tests.numerics.compare import assert_close, cpu_supports
 from tests.numerics.moe_cases import MoECase, block_reference, make_hidden, make_moe_weights, moe_cases
 

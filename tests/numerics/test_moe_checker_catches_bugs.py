@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from model.moe import EXPERT_PATHS, ExpertPath
 from model.moe.experts import _group_by_expert, experts_sorted, silu_and_mul
 from model.moe.router import route_topk_softmax
-from tests.numerics import tolerances
+from model import tolerances
 from tests.numerics.moe_cases import check_expert_path, make_router_logits, moe_cases
 
 # Failures are expected here: no example database (they must not replay in other tests), fixed seed.

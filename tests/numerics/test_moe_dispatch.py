@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from model.moe import EXPERT_PATHS, MoEConfig, dispatch_experts, select_expert_path
 from model.moe.experts import experts_reference
-from tests.numerics import tolerances
+from model import tolerances
 from tests.numerics.compare import assert_close, poisoned_like
 from tests.numerics.moe_cases import MoECase, make_hidden, make_moe_weights, make_routing
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from model.moe import EXPERT_PATHS
-from tests.numerics import tolerances
+from model import tolerances
 from tests.numerics.compare import cpu_supports, poisoned_like
 from tests.numerics.moe_cases import MoECase, check_expert_path, make_hidden, make_moe_weights, make_routing
 
@@ -39,7 +39,7 @@ def test_every_registered_path_has_a_tolerance_for_each_dtype_it_supports():
         for dtype in DTYPES
         if _supported(path, dtype) and dtype not in tolerances.MOE_EXPERT_PATHS.get(name, {})
     ]
-    assert not missing, f"add tolerances for {missing} to tests/numerics/tolerances.py"
+    assert not missing, f"add tolerances for {missing} to model/tolerances.py"
 
 
 @pytest.mark.parametrize(("name", "dtype"), PATH_DTYPES)

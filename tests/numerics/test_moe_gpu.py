@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from model.moe import EXPERT_PATHS, MoEConfig, moe_block
 from model.moe.experts import experts_reference
 from model.tp import moe_block_tp
-from tests.numerics import tolerances
+from model import tolerances
 from tests.numerics.compare import assert_close, poisoned_like
 from tests.numerics.moe_cases import (
     ROUTING_PATTERNS, MoECase, block_reference, check_expert_path, expert_path_error, make_hidden, make_moe_weights,

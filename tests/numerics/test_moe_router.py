@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from model.moe import ROUTERS, route_reference, route_topk_softmax
-from tests.numerics import tolerances
+from model import tolerances
 from tests.numerics.moe_cases import ROUTING_PATTERNS, MoECase, make_router_logits
 
 router_cases = st.builds(

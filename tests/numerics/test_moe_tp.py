@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from model.moe import MoEConfig, moe_block
 from model.tp import moe_block_tp, shard_moe_weights
-from tests.numerics import tolerances
+from model import tolerances
 from tests.numerics.compare import assert_close
 from tests.numerics.moe_cases import MoECase, block_reference, make_hidden, make_moe_weights, moe_cases
 

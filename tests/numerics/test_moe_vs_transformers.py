@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model.moe import MoEConfig, MoEWeights, moe_block, moe_block_reference
-from tests.numerics import tolerances
+from model import tolerances
 from tests.numerics.compare import assert_close
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test dependency: make test installs it")

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from model.norm import GATED_NORM_PATHS, RMS_NORM_PATHS, gated_rms_norm_reference, rms_norm_reference
 from tests.numerics.compare import assert_close, cpu_supports
 from tests.numerics.gdn_attention_cases import generator, randn
-from tests.numerics.tolerances import NORM_PATHS
+from model.tolerances import NORM_PATHS
 
 F64, F32, BF16 = torch.float64, torch.float32, torch.bfloat16
 DTYPES = [d for d in (F64, F32, BF16) if cpu_supports(d)]

@@ -18,7 +18,7 @@ from model.moe.config import PREFILL_IMPLS, TINY_IMPLS
 from model.qwen36 import Qwen36Config, Qwen36Model, Qwen36Paths, Qwen36Weights
 from tests.numerics.compare import assert_close, relative_error
 from tests.numerics.tiny_hf import LAYOUTS, save_tiny_checkpoint
-from tests.numerics.tolerances import MODEL_DECODE_VS_PREFILL_F32, TRANSFORMERS_MODEL_F32
+from model.tolerances import MODEL_DECODE_VS_PREFILL_F32, TRANSFORMERS_MODEL_F32
 
 PROMPT_TOKENS = 300  # crosses four 64-token chunks with a ragged tail
 NEW_TOKENS = 32

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.numerics import tolerances
+from model import tolerances
 
 ROOT = Path(__file__).resolve().parents[2]
 # NVLink multicast stays off (it can take a shared host's GPUs out of service); set even if the caller forgot.

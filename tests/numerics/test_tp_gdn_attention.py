@@ -23,7 +23,7 @@ from model.tp import (
 from model.attention import gated_attention
 from tests.numerics.compare import assert_close
 from tests.numerics.gdn_attention_cases import TP_GDN, generator, randn, random_attention_weights, random_gdn_state, random_gdn_weights
-from tests.numerics.tolerances import TP_GDN_ATTENTION_F64
+from model.tolerances import TP_GDN_ATTENTION_F64
 
 F64 = torch.float64
 SEEDS = st.integers(0, 2**32 - 1)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from model.moe import EXPERT_PATHS
 from model.moe import triton_decode, triton_grouped
-from tests.numerics import tolerances
+from model import tolerances
 from model.moe.experts import experts_reference
 from tests.numerics.compare import assert_close, poisoned_like
 from tests.numerics.moe_cases import MoECase, check_expert_path, make_hidden, make_moe_weights, make_routing, moe_cases

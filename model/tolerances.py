@@ -1,4 +1,6 @@
-"""Every numeric bound of the numerics suite, stated once.
+"""Every numeric bound of the model's compute paths, stated once: the numerics suite (tests/numerics) holds each
+path to them, and `qwen36 tune` checks every output it times against them. They describe the paths, so they
+live with the paths, below both readers.
 
 Metric: relative error ||out - ref|| / ||ref|| (Frobenius) against a float64 reference computed from the
 same low-precision inputs, upcast. Bounds are set with margin over what the paths reach (measured with the
@@ -46,7 +48,7 @@ def expert_path_tolerance(name: str, dtype: torch.dtype) -> float:
         return MOE_EXPERT_PATHS[name][dtype]
     except KeyError:
         raise KeyError(
-            f"no tolerance for MoE expert path {name!r} in {dtype}: add it to tests/numerics/tolerances.py"
+            f"no tolerance for MoE expert path {name!r} in {dtype}: add it to model/tolerances.py"
         ) from None
 
 # ------------------------------------------------------------------------------------------------------
@@ -111,7 +113,7 @@ def gdn_rule_tolerance(name: str, dtype: torch.dtype) -> float:
         return GDN_RULE_PATHS[name][dtype]
     except KeyError:
         raise KeyError(
-            f"no tolerance for gated delta rule path {name!r} in {dtype}: add it to tests/numerics/tolerances.py"
+            f"no tolerance for gated delta rule path {name!r} in {dtype}: add it to model/tolerances.py"
         ) from None
 
 # Whole GDN / attention layers sharded over a real process group and all-reduced in the activation dtype,
