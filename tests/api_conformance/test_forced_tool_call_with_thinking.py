@@ -30,7 +30,7 @@ REASONED_CALL = ["The user wants the time", ".", "</think>", "\n\n", "<tool_call
 @pytest.mark.parametrize("choice", ["required", "named"])
 def test_vllm_parser_returns_the_forced_call_after_closed_reasoning(mode, choice):
     pytest.importorskip("vllm")
-    from tests.patches import vllm_parser as vp
+    from tests.api_conformance import vllm_parser as vp
 
     tool_choice = vp.REQUIRED if choice == "required" else vp.NAMED
     answer = (vp.stream if mode == "stream" else vp.nonstream)(REASONED_CALL, tool_choice, thinking=True)
