@@ -38,6 +38,23 @@ class ServerInfo:
 
 
 SESSION = "session"  # the session's server; other names are the servers the perf gates compare (harness.gates.servers)
+# Its KV cache: 1 GiB (1.6M tokens of the tiny model, 40 times what the gate workload holds), so that it, the
+# servers compared with it and the test workers fit in the machine's 24 GiB; the cache never fills, so its size
+# does not show in what is measured. Its twin's is the same setting.
+SESSION_KV_GIB = 1
+
+
+def slowdown_file(state_dir: Path, name: str) -> Path:
+    """The file a server's test-only step slowdown is read from (patches/step_slowdown.py)."""
+    return Path(state_dir) / f"{name}.slowdown"
+
+
+def embedded_env(state_dir: Path, name: str) -> dict[str, str]:
+    """What every embedded server of a session gets, the session's own included, so that the twin differs from it
+    in nothing: its step slowdown file (absent: no slowdown)."""
+    from patches.step_slowdown import SLOWDOWN_FILE_ENV
+
+    return {SLOWDOWN_FILE_ENV: str(slowdown_file(state_dir, name))}
 
 
 def info_of(server: ManagedServer, model_dir: str) -> ServerInfo:
@@ -94,8 +111,6 @@ def owner_pid() -> int | None:
 def start_embedded(state_dir: Path) -> ServerInfo:
     """The embedded tiny vLLM CPU server on a tiny model built in `state_dir`, ended when the owner dies; with a
     step slowdown file, as every server the perf gates compare with it has (harness.gates.servers)."""
-    from harness.gates.servers import SESSION_KV_GIB, embedded_env
-
     server = embedded_server(state_dir, owner_pid=owner_pid(), env=embedded_env(state_dir, SESSION),
                              cpu_kvcache_gib=SESSION_KV_GIB)
     return info_of(server.start(), server.cfg.model)

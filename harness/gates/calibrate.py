@@ -30,15 +30,14 @@ from harness.artifacts import new_run_dir
 from harness.bench import PRESETS
 from harness.gates.decision import Tolerance
 from harness.gates.interleave import Arm, interleave
-from harness.gates.measure import warm
+from harness.gates.measure import STEADY_PREFIX_CACHE, warm
 from harness.gates.paired import PairedTolerances, decide_differences, margin_from_controls, paired_gate
 from harness.machine_speed import machine_kind
 from harness.metrics import REGISTRY
-from harness.gates.servers import STEADY_PREFIX_CACHE, SESSION_KV_GIB, embedded_env
 from harness.gates.gate import FAMILY_ALPHA
 from harness.paths import PAIRED_TOLERANCES_FILE
 from harness.server import embedded_server
-from harness.shared_server import info_of
+from harness.shared_server import SESSION_KV_GIB, embedded_env, info_of
 
 PRESET = "paired"
 A, B, SLOWED = "A", "B", "B-slowed"

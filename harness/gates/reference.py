@@ -190,10 +190,9 @@ class ReferenceServer:
 def reference_and_head(work_dir: Path) -> Iterator[list[ServerInfo]]:
     """The reference commit's server and this checkout's, on one tiny model built here, warmed to the prefix
     cache's steady state; both ended when the block ends (`qwen36 ab` without URLs)."""
-    from harness.gates.measure import warm
-    from harness.gates.servers import SESSION_KV_GIB, STEADY_PREFIX_CACHE
+    from harness.gates.measure import STEADY_PREFIX_CACHE, warm
     from harness.server import embedded_server
-    from harness.shared_server import info_of
+    from harness.shared_server import SESSION_KV_GIB, info_of
     from harness.tiny_model import build_tiny_model
 
     ref = load_reference()

@@ -35,18 +35,14 @@ import psutil
 
 from harness import shared_server
 from harness.errors import HarnessError
-from harness.gates.measure import Warmup, warm
+from harness.gates.measure import STEADY_PREFIX_CACHE, Warmup, warm
 from harness.gates.reference import ReferenceServer, add_worktree, check_dependencies, load_reference
-from harness.gates.record import WARM_REPEATS
 from harness.server import ManagedServer, embedded_server
-from harness.shared_server import SESSION, ServerInfo
-from patches.step_slowdown import SLOWDOWN_FILE_ENV
+from harness.shared_server import SESSION, SESSION_KV_GIB, ServerInfo, embedded_env
 
-# A server's KV cache: 1 GiB (1.6M tokens of the tiny model, 40 times what the gate workload holds), so that five
-# servers and the test workers fit in the machine's 24 GiB; the cache never fills, so its size does not show in
-# what is measured. The session's and its twin's are one setting.
+# A compared server's KV cache: as the session's (SESSION_KV_GIB), so that five servers and the test workers fit in
+# the machine's 24 GiB.
 COMPARED_KV_GIB = 1
-SESSION_KV_GIB = 1
 # What one server takes (its worker with a 1 GiB KV cache, engine core and API server: 3.3 GiB, 2026-12-03); the
 # reference's, recorded with its own 2 GiB cache, about 4.3.
 SERVER_GIB = 3.5
@@ -85,17 +81,6 @@ def by_name(name: str) -> ComparedServer:
     if not found:
         raise KeyError(f"no compared server {name!r}; the known ones: {[s.name for s in COMPARED]}")
     return found[0]
-
-
-def slowdown_file(state_dir: Path, name: str) -> Path:
-    """The file a server's test-only step slowdown is read from (patches/step_slowdown.py)."""
-    return Path(state_dir) / f"{name}.slowdown"
-
-
-def embedded_env(state_dir: Path, name: str) -> dict[str, str]:
-    """What every embedded server of a session gets, the session's own included, so that the twin differs from it
-    in nothing: its step slowdown file (absent: no slowdown)."""
-    return {SLOWDOWN_FILE_ENV: str(slowdown_file(state_dir, name))}
 
 
 def compared_server(spec: ComparedServer, state_dir: Path, model_dir: str | Path, **overrides) -> ManagedServer:
@@ -179,11 +164,8 @@ def set_step_slowdown(server: ServerInfo, text: str) -> None:
     os.replace(tmp, path)
 
 
-# The warm-ups the paired gates measure after, by server: the `paired` preset's official-like twice brings a prefix
-# cache to its steady state for the prompts it measures (the hybrid model's cache settles on the second pass); every
-# arm gets it, so they compare in the same state (decode-micro has no cache state: its prompts are shorter than a KV
-# block). `make test` runs them during its parallel run.
-STEADY_PREFIX_CACHE = Warmup(WARM_REPEATS, ("official-like",), "paired")
+# The warm-ups the paired gates measure after, by server (STEADY_PREFIX_CACHE: every arm compares in the same cache
+# state). `make test` runs them during its parallel run.
 WARMUPS: dict[str, tuple[Warmup, ...]] = {SESSION: (STEADY_PREFIX_CACHE,), TWIN: (STEADY_PREFIX_CACHE,),
                                           REFERENCE: (STEADY_PREFIX_CACHE,)}
 

@@ -28,7 +28,8 @@ import pytest
 from harness.bench import PRESETS
 from harness.gates.interleave import Arm, InterleavedRun, interleave
 from harness.gates.paired import PairedReport, PairedTolerances, paired_gate, report_markdown, write_paired_report
-from harness.gates.servers import REFERENCE, STEADY_PREFIX_CACHE, TWIN, exclusive
+from harness.gates.measure import STEADY_PREFIX_CACHE
+from harness.gates.servers import REFERENCE, TWIN, exclusive
 from harness.gates.measure import warm
 
 pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.timing,

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.gates.servers import (MOE_ON, MOE_SWITCH, NO_CACHE, SESSION_KV_GIB, TWIN, by_name, compared_server,
-                                   embedded_env, exclusive, session_api_key, set_step_slowdown, slowdown_file)
+from harness.gates.servers import (MOE_ON, MOE_SWITCH, NO_CACHE, TWIN, by_name, compared_server, exclusive,
+                                   session_api_key, set_step_slowdown)
 from harness.server import embedded_server
-from harness.shared_server import SESSION, ServerInfo
+from harness.shared_server import SESSION, SESSION_KV_GIB, ServerInfo, embedded_env, slowdown_file
 from patches.step_slowdown import SLOWDOWN_FILE_ENV
 
 

@@ -57,6 +57,6 @@ def test_make_test_warms_every_server_the_timing_run_compares(bench_calls, tmp_p
     servers = {name: ServerInfo(f"http://127.0.0.1:{i}", "m", log_path=str(tmp_path / f"{name}.log"))
                for i, name in enumerate(names, start=1)}
     done = compared.warm_for_gates(servers, tmp_path / "warmups")
-    assert done == [f"{name}: {compared.STEADY_PREFIX_CACHE.name}" for name in names[:3]]
+    assert done == [f"{name}: {measure_module.STEADY_PREFIX_CACHE.name}" for name in names[:3]]
     assert compared.warm_for_gates(servers, tmp_path / "warmups") == []  # the timing run finds them done
     assert "http://127.0.0.1:4" not in {url for url, *_ in bench_calls}  # a hit rate of 0 needs no warm cache
