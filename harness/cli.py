@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="the model name the readiness generation asks for")
     s.add_argument("--no-placement", action="store_true",
                    help="leave vLLM's processes where vLLM puts them (default: the engine core with the "
-                        "worker, the API server on another core; harness/placement.py)")
+                        "worker, the API server on another core; harness/serving/placement.py)")
 
     b = sub.add_parser("bench", help="measure the platform's metrics against a server")
     b.add_argument("--base-url", "--server-url", dest="base_url", default=None,
@@ -80,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
     b.add_argument("--no-progress", action="store_true")
     b.add_argument("--no-placement", action="store_true",
-                   help="embedded server: leave vLLM's processes where vLLM puts them (harness/placement.py)")
+                   help="embedded server: leave vLLM's processes where vLLM puts them (harness/serving/placement.py)")
     b.add_argument("--client-cpus", type=_cpus, default=None,
                    help="a server on this machine: run the client on these cores, e.g. 1 (what `qwen36 serve` "
                         "prints); default: where it is")
@@ -145,7 +145,7 @@ def _cmd_presubmit(a) -> int:
 
 
 def _cmd_tiny_model(a) -> int:
-    from harness.tiny_model import TinyRecipe, build_tiny_model, checkpoint_digest
+    from harness.serving.tiny_model import TinyRecipe, build_tiny_model, checkpoint_digest
 
     out = build_tiny_model(a.dir, TinyRecipe.load(seed=a.seed))
     for name, digest in checkpoint_digest(out).items():
@@ -154,7 +154,7 @@ def _cmd_tiny_model(a) -> int:
 
 
 def _cmd_serve(a) -> int:
-    from harness.server import embedded_server, until_signalled
+    from harness.serving.launcher import embedded_server, until_signalled
 
     server = embedded_server(a.run_dir, a.model, served_model_name=a.served_model_name, port=a.port,
                              max_model_len=a.max_model_len,
@@ -178,9 +178,9 @@ def _cmd_serve(a) -> int:
 
 
 def _cmd_bench(a) -> int:
-    from harness.bench import PRESETS, BenchConfig, Workload
+    from harness.bench.run import PRESETS, BenchConfig, Workload
     from harness.paths import RUNS_DIR
-    from harness.runner import SweepPolicy
+    from harness.bench.runner import SweepPolicy
 
     if a.preset and a.dataset:
         raise HarnessError("give either --preset or --dataset, not both")
@@ -195,7 +195,7 @@ def _cmd_bench(a) -> int:
         show_progress=not a.no_progress, place_processes=not a.no_placement, client_cpus=a.client_cpus,
         exclude_stalled=False if a.keep_stalled else None, machine_speed=a.machine_speed,
     )
-    from harness.bench import run_bench
+    from harness.bench.run import run_bench
 
     run_bench(cfg)
     return 0

@@ -6,7 +6,7 @@ run more, the servers the perf gates compare with it (harness.gates.servers). Th
 in the background as soon as it begins (the session's first, then the others), then warms
 the servers the timing run's gates measure (their prefix caches, harness.gates.measure), so the parallel
 run's other tests proceed meanwhile (tests/conftest.py orders the tests that need the session's server
-last) and the timing run finds them up and warm; both runs share them through `harness.shared_server`, and
+last) and the timing run finds them up and warm; both runs share them through `harness.serving.shared_server`, and
 they are ended here, when the last command is done, on failure or Ctrl-C too.
 
 The commands run in order; the first that fails stops the rest and gives its exit code. The first runs
@@ -29,12 +29,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from harness import shared_server
+from harness.serving import shared_server
 from harness.gates.reference import prune_worktrees
 from harness.gates.servers import (MOE_ON, NO_CACHE, REFERENCE, TWIN, acquire_compared, acquire_reference,
                                    warm_for_gates)
-from harness.server_health import dead_server_reports
-from harness.shared_server import OWNER_ENV, SESSION, STATE_ENV, ServerInfo
+from harness.serving.health import dead_server_reports
+from harness.serving.shared_server import OWNER_ENV, SESSION, STATE_ENV, ServerInfo
 
 USAGE = "usage: python -m harness.suite_session -- CMD [ARG...] [-- CMD [ARG...]]..."
 

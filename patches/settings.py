@@ -11,7 +11,7 @@ patch names. It changes only the default: a patch's own switch, when set, wins (
 `QWEN36_PATCH_OPENAI_ERRORS=0` is the set without that patch, for bisecting). computility-run.yaml and the
 Dockerfile set `all`, so a new patch of the catalog is on in the platform image without a line there, and
 presubmit checks every required one is. The embedded test server turns the API patches on by their
-switches (harness.server.embedded_config, through `api_patch_switches`).
+switches (harness.serving.launcher.embedded_config, through `api_patch_switches`).
 
 The MoE dispatcher's own knobs (MOE_NATIVE, ENGINEX_MOE_TINY_IMPL, ...) stay in model.moe.MoEConfig; with
 MOE_NATIVE=0 the substitution stays off and vLLM's fused MoE runs, as that config documents.

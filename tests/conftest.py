@@ -1,7 +1,7 @@
 """The session's OpenAI server for `server`-marked suites (API conformance, perf gates, bench).
 
 `--server-url URL` uses a live server. Otherwise the embedded tiny vLLM CPU server is started once for the
-whole session even under pytest-xdist (harness.shared_server): by the first test that asks for it, and the
+whole session even under pytest-xdist (harness.serving.shared_server): by the first test that asks for it, and the
 controller process ends its whole process tree when the session ends, on failure too. Under `make test`
 the owner is `harness.suite_session` instead: it starts the server before the tests, both pytest runs share
 it, and it ends it. Tests that need a server run last, so the others run while it starts (start_order).
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import shared_server
-from harness.shared_server import OWNER_ENV, STATE_ENV, ServerInfo
+from harness.serving import shared_server
+from harness.serving.shared_server import OWNER_ENV, STATE_ENV, ServerInfo
 
 
 def _is_controller(config: pytest.Config) -> bool:
@@ -77,7 +77,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         set(getattr(item, "fixturenames", ()))
     if not (report.failed and state_dir and uses_servers):
         return
-    from harness.server_health import dead_server_reports
+    from harness.serving.health import dead_server_reports
 
     for text in dead_server_reports(Path(state_dir)):
         report.sections.append(("a server is down", text))
@@ -89,7 +89,7 @@ def openai_server(pytestconfig: pytest.Config) -> ServerInfo:
     CPU server (shared by all workers)."""
     url = pytestconfig.getoption("--server-url")
     if url:
-        from harness.bench import list_models
+        from harness.bench.run import list_models
         from harness.errors import HarnessError
 
         key = pytestconfig.getoption("--api-key")

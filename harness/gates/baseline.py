@@ -4,7 +4,7 @@
     identity: {model, model_files_sha256, datasets: [[name, sha256]], server_args: [...], hardware: ...,
                workload: {preset: gate, description: ...}}                  # preset: required, a bench preset
     recorded: {source: measured | imported, how: <command>, when: <ISO time>, commit: <git sha>, note: ...}
-    machine_speed: {probe, unit, rate, machine, busy}                 # optional: harness.machine_speed
+    machine_speed: {probe, unit, rate, machine, busy}                 # optional: harness.machine.speed
     tolerance_floor: 0.08                                             # optional, relative metrics only
     tolerances: {metric: {value: 0.05, scale: relative | absolute}}   # default for a point without its own
     noise: {point: {metric: cv}}                                      # measured spread, for the record
@@ -35,7 +35,7 @@ import yaml
 
 from harness.errors import HarnessError
 from harness.gates.decision import Tolerance, min_margin, min_tolerance
-from harness.metrics import REGISTRY, check_declared
+from harness.bench.metrics import REGISTRY, check_declared
 from harness.paths import BASELINES_DIR, GATE_POLICY_FILE
 
 # A tolerance raised above this gets a note in the file saying which noise needed it.
@@ -53,7 +53,7 @@ class Baseline:
     point_tolerances: dict[str, dict[str, Tolerance]] = field(default_factory=dict)
     notes: dict[str, dict[str, str]] = field(default_factory=dict)  # point -> metric -> why it was raised
     tolerance_floor: float | None = None
-    # harness.machine_speed's probe on the recording machine then: the gate rescales to a candidate's day by it.
+    # harness.machine.speed's probe on the recording machine then: the gate rescales to a candidate's day by it.
     machine_speed: dict | None = None
 
     @property
@@ -171,13 +171,13 @@ def load_baseline(profile: str, root: Path = BASELINES_DIR) -> Baseline:
 def _check(baseline: Baseline, path: Path) -> None:
     """What the gate would otherwise trip over later: named here with the fix."""
     preset = baseline.workload_preset
-    from harness.bench import PRESETS  # lazily: the bench pulls in the client and the server launcher
+    from harness.bench.run import PRESETS  # lazily: the bench pulls in the client and the server launcher
 
     if not isinstance(preset, str) or preset not in PRESETS:
         raise HarnessError(
             f"baseline {baseline.profile!r} ({path}): identity.workload.preset is {preset!r}, not a bench preset; "
             f"write `workload: {{preset: NAME, description: ...}}` with NAME one of {', '.join(PRESETS)} "
-            "(add a preset to harness/bench.py PRESETS if none measures this workload)")
+            "(add a preset to harness/bench/run.py PRESETS if none measures this workload)")
     floor = baseline.tolerance_floor
     if floor is not None and not 0 < floor < 1:
         raise HarnessError(f"baseline {baseline.profile!r} ({path}): tolerance_floor {floor} must be a fraction "
@@ -194,7 +194,7 @@ def _check(baseline: Baseline, path: Path) -> None:
 
 
 def load_policy(path: Path = GATE_POLICY_FILE) -> dict[str, Tolerance]:
-    """The default tolerance of each metric harness/metrics.py declares for `gates` (the file must give one
+    """The default tolerance of each metric harness/bench/metrics.py declares for `gates` (the file must give one
     for each of them, and for no other)."""
     doc = yaml.safe_load(Path(path).read_text())
     policy = _tolerances(doc["gated"])

@@ -26,18 +26,18 @@ from pathlib import Path
 
 import yaml
 
-from harness.artifacts import new_run_dir
-from harness.bench import PRESETS
+from harness.bench.artifacts import new_run_dir
+from harness.bench.run import PRESETS
 from harness.gates.decision import Tolerance
 from harness.gates.interleave import Arm, interleave
 from harness.gates.measure import STEADY_PREFIX_CACHE, warm
 from harness.gates.paired import PairedTolerances, decide_differences, margin_from_controls, paired_gate
-from harness.machine_speed import machine_kind
-from harness.metrics import REGISTRY
+from harness.machine.speed import machine_kind
+from harness.bench.metrics import REGISTRY
 from harness.gates.gate import FAMILY_ALPHA
 from harness.paths import PAIRED_TOLERANCES_FILE
-from harness.server import embedded_server
-from harness.shared_server import SESSION_KV_GIB, embedded_env, info_of
+from harness.serving.launcher import embedded_server
+from harness.serving.shared_server import SESSION_KV_GIB, embedded_env, info_of
 
 PRESET = "paired"
 A, B, SLOWED = "A", "B", "B-slowed"
@@ -56,7 +56,7 @@ def run_calibration(plan: CalibrationPlan, out_root: Path, resume: Path | None =
     root = Path(resume) if resume else new_run_dir(out_root, "calibrate")
     done = len(load_results(root)) if resume else 0
     tolerances = PairedTolerances.load()
-    from harness.tiny_model import build_tiny_model
+    from harness.serving.tiny_model import build_tiny_model
 
     model = build_tiny_model(root / "tiny-model")
     servers = {}
@@ -90,7 +90,7 @@ def run_calibration(plan: CalibrationPlan, out_root: Path, resume: Path | None =
 
 def _start_pair(root: Path, model: Path, i: int) -> dict:
     """A and B, started together: B on the mirrored layout, so the two compile on different cores, then moved to
-    the layout (harness.server's start_mirrored)."""
+    the layout (harness.serving.launcher's start_mirrored)."""
     servers = {name: embedded_server(root, model, root / f"start{i:02d}-{name}.log", cpu_kvcache_gib=SESSION_KV_GIB,
                                      env=embedded_env(root, f"{name}-{i}"), start_mirrored=name == B)
                for name in (A, B)}

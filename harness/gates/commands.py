@@ -142,7 +142,7 @@ def _cmd_record(a) -> int:
 def _cmd_gate(a) -> int:
     from harness.gates.baseline import BASELINES_DIR, load_baseline
     from harness.gates.gate import gate, load_run, report_markdown, write_report
-    from harness.metrics import Scoring
+    from harness.bench.metrics import Scoring
 
     baseline = load_baseline(a.profile, a.baselines_dir or BASELINES_DIR)
     try:
@@ -173,11 +173,11 @@ def _cmd_compare(a) -> int:
 
 
 def _cmd_ab(a) -> int:
-    from harness.bench import PRESETS, list_models
+    from harness.bench.run import PRESETS, list_models
     from harness.gates.interleave import Arm, interleave
     from harness.gates.paired import PairedTolerances, paired_gate, report_markdown, write_paired_report
     from harness.paths import RUNS_DIR
-    from harness.shared_server import ServerInfo
+    from harness.serving.shared_server import ServerInfo
 
     if a.preset not in PRESETS:
         raise HarnessError(f"--preset {a.preset!r}: choose one of {', '.join(PRESETS)}")

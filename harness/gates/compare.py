@@ -3,7 +3,7 @@
 For each point both runs measured: the ratio B / A of each metric's median over repeats, and per metric the
 geometric mean of the ratios across points. A point that failed in A (no successful request) but succeeded
 in B is "capacity gained", listed apart and kept out of the means: it is not a speed-up. The reverse is
-"capacity lost". The metrics compared are those harness/metrics.py declares for `compare`, in its order.
+"capacity lost". The metrics compared are those harness/bench/metrics.py declares for `compare`, in its order.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Iterable
 
 from harness.gates.gate import NotComparable, RunDir
 from harness.gates.identity import identity_differences, identity_from_manifest
-from harness.metrics import REGISTRY, shown_in
+from harness.bench.metrics import REGISTRY, shown_in
 
 COMPARED = shown_in("compare")
 

@@ -4,7 +4,7 @@ Candidate repeats are every repeat of the point in every run directory given. Ru
 from the baseline's are refused with the difference named, unless the difference is accepted by name (and
 then the report lists it).
 
-Where the baseline and every candidate run measured harness.machine_speed's probe, the baseline is first
+Where the baseline and every candidate run measured harness.machine.speed's probe, the baseline is first
 moved to the candidate's day: its speeds multiplied, its times divided, by the probes' ratio (the report says
 by how much). A slower commit slows the server, not the probe, so it is still a regression; a slower day slows
 both, so it is not. A baseline recorded on another kind of machine (the probe's `machine`) is refused.
@@ -20,8 +20,8 @@ from harness.errors import HarnessError
 from harness.gates.baseline import Baseline
 from harness.gates.decision import Decision, Tolerance, decide
 from harness.gates.identity import identity_differences, identity_from_manifest
-from harness.machine_speed import MAX_FACTOR
-from harness.metrics import REGISTRY, Metric, Scoring
+from harness.machine.speed import MAX_FACTOR
+from harness.bench.metrics import REGISTRY, Metric, Scoring
 
 
 # The gate's false-alarm budget on identical distributions, shared by all its checks.

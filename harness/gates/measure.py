@@ -15,16 +15,16 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.bench import PRESETS, BenchConfig, run_bench
+from harness.bench.run import PRESETS, BenchConfig, run_bench
 from harness.gates.record import WARM_REPEATS
-from harness.shared_server import ServerInfo
+from harness.serving.shared_server import ServerInfo
 
 
 def measure(server: ServerInfo, out_root: Path, label: str, repeats: int = 1, preset: str = "gate",
             datasets: tuple[str, ...] | None = None, machine_speed: bool = True) -> Path:
     """Run the preset's workloads (only `datasets`, if given: a gate then compares just their points) and return
     the run directory; the manifest describes the server (its command and model files) and this machine's speed
-    that day (harness.machine_speed), so runs compare."""
+    that day (harness.machine.speed), so runs compare."""
     workloads = tuple(w for w in PRESETS[preset] if datasets is None or w.dataset in datasets)
     if not workloads:
         raise ValueError(f"preset {preset!r} has no workload of {datasets}")

@@ -35,7 +35,7 @@ from harness.errors import HarnessError
 from harness.gates.baseline import load_policy
 from harness.gates.decision import Decision, Direction, Tolerance, t_verdict
 from harness.gates.gate import FAMILY_ALPHA, load_run
-from harness.metrics import REGISTRY, TIMING_PERCENTILES
+from harness.bench.metrics import REGISTRY, TIMING_PERCENTILES
 from harness.paths import PAIRED_TOLERANCES_FILE
 
 

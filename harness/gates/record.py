@@ -7,7 +7,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from harness.bench import PRESETS, BenchConfig, on_this_machine, run_bench
+from harness.bench.run import PRESETS, BenchConfig, on_this_machine, run_bench
 from harness.errors import HarnessError
 from harness.gates.baseline import (BASELINES_DIR, Baseline, baseline_path, load_policy, save_baseline,
                                     tolerances_for, with_floor)

@@ -28,12 +28,12 @@ from typing import Iterator
 
 import yaml
 
-from harness import watchdog
+from harness.serving import watchdog
 from harness.errors import HarnessError, ServerDied
 from harness.paths import REFERENCE_FILE, REPO_ROOT
-from harness.placement import plan_layout
-from harness.server import DEFAULT_SERVED_NAME, log_tail, terminate_tree, until_signalled
-from harness.shared_server import ServerInfo
+from harness.serving.placement import plan_layout
+from harness.serving.launcher import DEFAULT_SERVED_NAME, log_tail, terminate_tree, until_signalled
+from harness.serving.shared_server import ServerInfo
 
 MOVE_COMMAND = "qwen36 reference move"
 # pyproject.toml's fields that decide what the environment holds.
@@ -191,9 +191,9 @@ def reference_and_head(work_dir: Path) -> Iterator[list[ServerInfo]]:
     """The reference commit's server and this checkout's, on one tiny model built here, warmed to the prefix
     cache's steady state; both ended when the block ends (`qwen36 ab` without URLs)."""
     from harness.gates.measure import STEADY_PREFIX_CACHE, warm
-    from harness.server import embedded_server
-    from harness.shared_server import SESSION_KV_GIB, info_of
-    from harness.tiny_model import build_tiny_model
+    from harness.serving.launcher import embedded_server
+    from harness.serving.shared_server import SESSION_KV_GIB, info_of
+    from harness.serving.tiny_model import build_tiny_model
 
     ref = load_reference()
     check_dependencies(ref)
@@ -223,7 +223,7 @@ def serve_reference_until_stopped(ref: Reference, model_dir: Path | None, work_d
     server = None
     try:
         if model_dir is None:
-            from harness.tiny_model import build_tiny_model
+            from harness.serving.tiny_model import build_tiny_model
 
             model_dir = build_tiny_model(work_dir / "tiny-model")
         server = ReferenceServer(worktree, work_dir / "serve", Path(model_dir))

@@ -33,12 +33,12 @@ from typing import Callable, Iterator
 
 import psutil
 
-from harness import shared_server
+from harness.serving import shared_server
 from harness.errors import HarnessError
 from harness.gates.measure import STEADY_PREFIX_CACHE, Warmup, warm
 from harness.gates.reference import ReferenceServer, add_worktree, check_dependencies, load_reference
-from harness.server import ManagedServer, embedded_server
-from harness.shared_server import SESSION, SESSION_KV_GIB, ServerInfo, embedded_env
+from harness.serving.launcher import ManagedServer, embedded_server
+from harness.serving.shared_server import SESSION, SESSION_KV_GIB, ServerInfo, embedded_env
 
 # A compared server's KV cache: as the session's (SESSION_KV_GIB), so that five servers and the test workers fit in
 # the machine's 24 GiB.

@@ -2,6 +2,8 @@
 
 Static checks first (line endings, Dockerfile, run config, chat template, plugin status, no shadowing vllm/,
 profiling off), then the CPU suites in a pytest subprocess. Any no-go makes the verdict no-go; the CLI exits 1.
+
+May import: `errors`, `paths`, `patches`, `model`. Not `gates` or `tune`.
 """
 from __future__ import annotations
 

@@ -7,4 +7,6 @@ measure (one path at one point: timed, checked), moe / gdn / gdn_layer (the swee
 path per range -> the dispatch file), report (console, JSON, Markdown), progress, cli.
 Imports stay light (torch and the project's own packages): it runs as `python -m harness.tune` on a machine
 that has only torch and triton.
+
+May import: `model`. Nothing else of ours (not `bench`, `serving`, `gates`): the serving machine may lack them.
 """

@@ -17,7 +17,7 @@ CASES = [c for c in renderable_cases() if any(m.get("tool_calls") for m in c.mes
 
 @pytest.fixture(scope="module")
 def tool_parser():
-    from harness.tiny_model import TinyRecipe, train_tokenizer
+    from harness.serving.tiny_model import TinyRecipe, train_tokenizer
     from transformers import PreTrainedTokenizerFast
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.tool_parsers.qwen3_engine_tool_parser import Qwen3EngineToolParser

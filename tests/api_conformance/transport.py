@@ -29,7 +29,7 @@ class Exchange:
 
 def served_context_tokens(server, timeout_s: float = 30.0) -> int | None:
     """The served model's context length as vLLM's /v1/models reports it (`max_model_len`), None when the
-    server does not say. `server`: its `base_url` and `api_key` (harness.shared_server.ServerInfo)."""
+    server does not say. `server`: its `base_url` and `api_key` (harness.serving.shared_server.ServerInfo)."""
     r = httpx.get(server.base_url.rstrip("/") + "/v1/models", timeout=timeout_s, headers=_auth(server.api_key))
     r.raise_for_status()
     value = (r.json().get("data") or [{}])[0].get("max_model_len")
@@ -37,7 +37,7 @@ def served_context_tokens(server, timeout_s: float = 30.0) -> int | None:
 
 
 def send(server, endpoint: str, body: Any = None, raw: str | None = None, timeout_s: float = 120.0) -> Exchange:
-    """`server`: its `base_url` and the `api_key` its requests carry (harness.shared_server.ServerInfo)."""
+    """`server`: its `base_url` and the `api_key` its requests carry (harness.serving.shared_server.ServerInfo)."""
     url = server.base_url.rstrip("/") + ENDPOINTS[endpoint]
     headers = {"Content-Type": "application/json", **_auth(server.api_key)}
     content = raw.encode() if raw is not None else json.dumps(body).encode()

@@ -26,7 +26,7 @@ class Answer:
 def tiny_tokenizer():
     from transformers import PreTrainedTokenizerFast
 
-    from harness.tiny_model import TinyRecipe, train_tokenizer
+    from harness.serving.tiny_model import TinyRecipe, train_tokenizer
 
     recipe = TinyRecipe.load()
     return PreTrainedTokenizerFast(tokenizer_object=train_tokenizer(recipe.seed, recipe.vocab_size))

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from harness.bench import list_models
-from harness.client import API_KEY_FIX, ClientConfig, make_http_client, stream_request
+from harness.bench.run import list_models
+from harness.bench.client import API_KEY_FIX, ClientConfig, make_http_client, stream_request
 from harness.errors import HarnessError
 from harness.gates.servers import NO_CACHE, exclusive
 from harness.paths import REPO_ROOT

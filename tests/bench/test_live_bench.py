@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from harness.bench import BenchConfig, Workload, run_bench
-from harness.client import ClientConfig, make_http_client, stream_request
+from harness.bench.run import BenchConfig, Workload, run_bench
+from harness.bench.client import ClientConfig, make_http_client, stream_request
 
 # Only the agreement test is `timing` (it runs alone, after the parallel suite): the other two assert what was
 # streamed and written, which the parallel run's load cannot change.
@@ -71,7 +71,7 @@ def test_ttft_and_tpot_agree_with_vllm_benchmark_client(openai_server, record_pr
     the finish chunk: within 1 ms. A client that timed [DONE] as the first event or divided by output events
     instead of tokens fails the same-definition checks."""
     pytest.importorskip("vllm.benchmarks.lib.endpoint_request_func")
-    from harness.placement import client_on
+    from harness.serving.placement import client_on
     from tests.bench.vllm_agreement import compare_with_vllm_bench
 
     with client_on(openai_server.client_cpus):  # the core the server's layout leaves to clients

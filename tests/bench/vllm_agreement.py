@@ -8,7 +8,7 @@ other, a millisecond later, waits for the next step (a tiny-model prefill step t
 cores); the pair's TTFTs then differ by a whole step in the direction of the send order, and the paired
 median swung by +-100 ms (CI saw +112 ms; a pacer stream keeping the engine busy made it +145 ms). Sending
 one at a time used to be ruled out because a lone stream was often read in one burst; the process
-placement of harness/placement.py removed that (no stall in 200 streams at c=1).
+placement of harness/serving/placement.py removed that (no stall in 200 streams at c=1).
 The known differences by definition:
 - TTFT: vLLM starts at the first chunk with `choices`, which is the role-only chunk; ours at the first
   chunk carrying output. vLLM's is never larger.
@@ -25,9 +25,9 @@ import os
 import statistics
 from dataclasses import asdict, dataclass
 
-from harness.client import ClientConfig, make_http_client, stream_request
-from harness.datasets import decode_micro
-from harness.metrics import BURST_TPOT_S
+from harness.bench.client import ClientConfig, make_http_client, stream_request
+from harness.bench.datasets import decode_micro
+from harness.bench.metrics import BURST_TPOT_S
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ async def _measure(base_url: str, model: str, requests: int, output_tokens: int,
             vllm_tpot.append((vllm_p1 + vllm_p2) / 2)
     if not ours_ttft:
         raise RuntimeError(f"the server held back one stream of every one of {sent} pairs: no pair to compare "
-                           "(see harness.metrics.BURST_TPOT_S)")
+                           "(see harness.bench.metrics.BURST_TPOT_S)")
     med = statistics.median
 
     def diff(xs, ys):

@@ -69,7 +69,7 @@ def test_a_new_patch_is_its_module_and_one_catalog_line(shout):
 
 
 def test_a_new_api_patch_is_on_in_the_embedded_server(shout, tmp_path, monkeypatch):
-    from harness.server import embedded_config
+    from harness.serving.launcher import embedded_config
 
     assert api_patch_switches()["shout"] == "QWEN36_PATCH_TEST_SHOUT"
     monkeypatch.delenv("QWEN36_PATCH_TEST_SHOUT", raising=False)

@@ -13,7 +13,7 @@ tokenizer.json or its directory) sizes official-like's prompts as the server cou
 hash then matches a baseline recorded with the same tokenizer. A by-URL client cannot see the server's
 arguments or model files: against a profile recorded on the embedded server (cpu-tiny) accept those two
 fields, which the report then lists. Against a server on this machine (a loopback URL) the run measures the
-machine's speed probe, so a baseline recorded with it is moved to this day (harness.machine_speed); on a
+machine's speed probe, so a baseline recorded with it is moved to this day (harness.machine.speed); on a
 machine busy with other work give --no-machine-speed. The report (gate.md, gate.json) lands in the run
 directory. A run the gate refuses (another kind of machine, a setup that differs, a server that wants a key) fails
 each test with the one line that says why and what to do, not a traceback.
@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.bench import PRESETS, BenchConfig, on_this_machine, run_bench
+from harness.bench.run import PRESETS, BenchConfig, on_this_machine, run_bench
 from harness.errors import HarnessError
 from harness.gates.baseline import load_baseline, load_policy
 from harness.gates.gate import GateReport, gate, load_run, report_markdown, write_report
-from harness.metrics import Scoring
+from harness.bench.metrics import Scoring
 
 pytestmark = [pytest.mark.live, pytest.mark.timing]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.bench import PRESETS
+from harness.bench.run import PRESETS
 from harness.gates.interleave import Arm, interleave
 from harness.gates.paired import paired_gate, report_markdown, write_paired_report
 from harness.gates.measure import Warmup, warm

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from harness.client import ClientConfig, make_http_client, stream_request
+from harness.bench.client import ClientConfig, make_http_client, stream_request
 from tests.unit.synthetic_server import Scenario, SyntheticServer, chunk, usage
 
 

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from harness.cli import main
-from harness.server import free_port
+from harness.serving.launcher import free_port
 
 
 def _qwen36(*args: str) -> subprocess.CompletedProcess:

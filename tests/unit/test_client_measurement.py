@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from harness.client import ClientConfig, make_http_client, stream_request
-from harness.loop_lag import watching
-from harness.metrics import Scoring, summarize
+from harness.bench.client import ClientConfig, make_http_client, stream_request
+from harness.bench.loop_lag import watching
+from harness.bench.metrics import Scoring, summarize
 from tests.unit.synthetic_server import Scenario, SyntheticServer, chunk, normal_stream, usage
 
 # Wall-clock assertions: `make test` runs this module alone, after the parallel suite.
@@ -72,7 +72,7 @@ def test_ttft_and_tpot_match_emission_and_schedule_within_2ms(server):
     """Median over 5 streams within 2 ms; each stream within 10 ms, because CI runs this beside other
     CPU-bound tests on 2 cores and a descheduled process delays one reading by a few ms."""
     ttft_vs_sent, tpot_vs_sent, ttft_vs_schedule, tpot_vs_schedule, late = [], [], [], [], []
-    client_late = []  # per stream, how late the client's own loop was (harness.loop_lag): its share of an outlier
+    client_late = []  # per stream, how late the client's own loop was (harness.bench.loop_lag): its share of an outlier
     for _ in range(5):
         rec = _run(server, "timed")
         served = server.served[-1]

@@ -8,8 +8,8 @@ import pytest
 
 from harness.gates.servers import (MOE_ON, MOE_SWITCH, NO_CACHE, TWIN, by_name, compared_server, exclusive,
                                    session_api_key, set_step_slowdown)
-from harness.server import embedded_server
-from harness.shared_server import SESSION, SESSION_KV_GIB, ServerInfo, embedded_env, slowdown_file
+from harness.serving.launcher import embedded_server
+from harness.serving.shared_server import SESSION, SESSION_KV_GIB, ServerInfo, embedded_env, slowdown_file
 from patches.step_slowdown import SLOWDOWN_FILE_ENV
 
 
@@ -20,7 +20,7 @@ def test_a_compared_servers_env_reaches_its_server_and_an_override_adds_to_it(tm
 
 
 def test_the_twin_is_the_session_server_but_for_its_log_port_and_slowdown_file(tmp_path):
-    # As harness.shared_server.start_embedded starts the session's server.
+    # As harness.serving.shared_server.start_embedded starts the session's server.
     session = embedded_server(tmp_path, tmp_path, env=embedded_env(tmp_path, SESSION), cpu_kvcache_gib=SESSION_KV_GIB)
     twin = compared_server(by_name(TWIN), tmp_path, tmp_path)
     assert twin.cfg.env[SLOWDOWN_FILE_ENV] == str(slowdown_file(tmp_path, TWIN))

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from harness import datasets as ds
+from harness.bench import datasets as ds
 from harness.errors import HarnessError
 
 

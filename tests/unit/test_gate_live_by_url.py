@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.bench import PRESETS, BenchConfig, run_bench
-from harness.client import API_KEY_FIX
+from harness.bench.run import PRESETS, BenchConfig, run_bench
+from harness.bench.client import API_KEY_FIX
 from harness.gates.baseline import save_baseline
 from harness.gates.record import baseline_from_runs
 from harness.paths import REPO_ROOT

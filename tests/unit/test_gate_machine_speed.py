@@ -1,4 +1,4 @@
-"""A baseline recorded on one day, gated against runs made on another: rescaled by harness.machine_speed's probe.
+"""A baseline recorded on one day, gated against runs made on another: rescaled by harness.machine.speed's probe.
 
 The 2-core CI VM drifts by more than the tolerance between days (docs/perf-gates.md, "drift"): on 2026-12-02
 CI's slower decode read only -23.6% against the baseline as recorded and passed, and on 2026-12-03 the same
@@ -14,8 +14,8 @@ import pytest
 
 from harness.gates.gate import NotComparable, gate, load_run, report_markdown
 from harness.gates.record import baseline_from_runs
-from harness.machine_speed import MAX_FACTOR, PROBE, machine_kind
-from harness.metrics import REGISTRY
+from harness.machine.speed import MAX_FACTOR, PROBE, machine_kind
+from harness.bench.metrics import REGISTRY
 from harness.gates.gate import rescaled
 from tests.unit.test_gate_runs import SCORING, baseline_from, make_run, repeat, write_run
 

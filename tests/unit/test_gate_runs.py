@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from harness import datasets as ds
-from harness.bench import PRESETS, BenchConfig, build_points
+from harness.bench import datasets as ds
+from harness.bench.run import PRESETS, BenchConfig, build_points
 from harness.errors import HarnessError
 from harness.gates.baseline import Baseline, load_baseline, load_policy, save_baseline, tolerances_for
 from harness.gates.compare import compare_runs, comparison_markdown
@@ -16,7 +16,7 @@ from harness.gates.decision import Tolerance
 from harness.gates.gate import NotComparable, gate, load_run, report_markdown, write_report
 from harness.gates.identity import identity_from_manifest, normalise_server_args
 from harness.gates.record import baseline_from_runs, for_url_clients
-from harness.metrics import Scoring
+from harness.bench.metrics import Scoring
 
 SCORING = Scoring.load()
 COMMAND = "python -m vllm.entrypoints.openai.api_server --model /tmp/x/tiny --port {port} --dtype bfloat16 --max-num-seqs 4"
@@ -286,8 +286,8 @@ def test_a_by_url_profile_of_embedded_runs_gates_by_url_candidates_and_still_ref
 def test_a_tokenizer_given_by_url_sizes_official_like_as_the_model_directory_does(tmp_path):
     """`--tokenizer MODEL_DIR` (by URL) and the embedded server's model directory build the same prompts, so
     their runs share a dataset hash; without a tokenizer the 4-chars estimate builds other prompts."""
-    from harness.bench import _token_counter
-    from harness.tiny_model import TinyRecipe, train_tokenizer
+    from harness.bench.run import _token_counter
+    from harness.serving.tiny_model import TinyRecipe, train_tokenizer
 
     recipe = TinyRecipe.load()
     train_tokenizer(recipe.seed, recipe.vocab_size).save(str(tmp_path / "tokenizer.json"))

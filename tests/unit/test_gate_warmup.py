@@ -6,7 +6,7 @@ import pytest
 from harness.gates import measure as measure_module
 from harness.gates import servers as compared
 from harness.gates.measure import Warmup, warm
-from harness.shared_server import SESSION, ServerInfo
+from harness.serving.shared_server import SESSION, ServerInfo
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from harness.bench import Workload
+from harness.bench.run import Workload
 from harness.gates.interleave import Arm, interleave
-from harness.shared_server import ServerInfo
+from harness.serving.shared_server import ServerInfo
 from tests.unit.synthetic_server import Scenario, SyntheticServer, normal_stream
 
 WORKLOAD = (Workload("decode-micro", (1,), requests=2, output_tokens=4),)

@@ -1,4 +1,4 @@
-"""harness.loop_lag: the client loop's own lateness is measured, and a request's longest wait is the client's
+"""harness.bench.loop_lag: the client loop's own lateness is measured, and a request's longest wait is the client's
 only for the part the loop was late."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from harness.client import RequestRecord
-from harness.loop_lag import LoopLag, attribute, client_caused, stall_window_ns
+from harness.bench.client import RequestRecord
+from harness.bench.loop_lag import LoopLag, attribute, client_caused, stall_window_ns
 
 
 def record(t0_ns: int, ttft_ms: float, offsets_ms: list[float]) -> RequestRecord:

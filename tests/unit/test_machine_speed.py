@@ -1,4 +1,4 @@
-"""harness.machine_speed: the probe is a measure of the machine, and a run keeps it (or, if it fails, its records)."""
+"""harness.machine.speed: the probe is a measure of the machine, and a run keeps it (or, if it fails, its records)."""
 from __future__ import annotations
 
 import json
@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from harness.machine_speed import CORES_PROBED, PROBE, MachineSpeed, measure_machine_speed, run_speed
+from harness.machine.speed import CORES_PROBED, PROBE, MachineSpeed, measure_machine_speed, run_speed
 from harness.paths import REPO_ROOT
 
 
 def probe_on(core: int) -> MachineSpeed:
-    out = subprocess.run([sys.executable, "-m", "harness.machine_speed", "--cores", str(core)], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "harness.machine.speed", "--cores", str(core)], capture_output=True,
                          text=True, check=True, cwd=REPO_ROOT)
     return MachineSpeed.from_dict(json.loads(out.stdout))
 

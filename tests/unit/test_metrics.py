@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.client import RequestRecord
+from harness.bench.client import RequestRecord
 from harness.errors import HarnessError
 from harness.gates.baseline import load_policy
-from harness.metrics import REGISTRY, Scoring, percentile, stall_kind, summarize, target_distance
+from harness.bench.metrics import REGISTRY, Scoring, percentile, stall_kind, summarize, target_distance
 
 
 def test_weighted_throughput_reproduces_the_platform_scoring_row():
@@ -126,7 +126,7 @@ def test_long_gap_without_a_burst_after_it_is_not_a_stall():
 
 def _stalled(client_late_s):
     """A stream that waited 900 ms for its first output and 400 ms mid-stream, then read a burst; the client's own
-    event loop was late for `client_late_s` of its longest wait (harness.loop_lag; None: not measured)."""
+    event loop was late for `client_late_s` of its longest wait (harness.bench.loop_lag; None: not measured)."""
     r = _stream(9, [5 * k for k in range(10)] + [45 + 400 + 0.02 * k for k in range(54)], ttft_ms=900)
     r.client_late_s = client_late_s
     return r
@@ -179,7 +179,7 @@ def test_itl_mean_is_tpot_when_each_event_carries_one_token_and_below_it_when_ev
 def test_a_stall_leaves_itl_only_when_stalls_leave_the_timing_percentiles():
     steady = _stream(0, [5 * k for k in range(20)])  # 19 gaps of 5 ms
     stalled = _stream(1, [5 * k for k in range(10)] + [445, 445.02, 445.04, 445.06])  # 400 ms, then a burst
-    stalled.client_late_s = 0.39  # the client's loop was late for it (harness.loop_lag)
+    stalled.client_late_s = 0.39  # the client's loop was late for it (harness.bench.loop_lag)
     assert stall_kind(stalled) == "gap"
     # Kept: 32 gaps, the largest 400 ms and the next 5 ms; P99 at rank 0.99 * 31 = 30.69.
     kept = summarize([steady, stalled], Scoring.load())["itl_p99"]

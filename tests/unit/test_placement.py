@@ -1,11 +1,11 @@
-"""Process placement for the embedded server (harness/placement.py), on real processes."""
+"""Process placement for the embedded server (harness/serving/placement.py), on real processes."""
 from __future__ import annotations
 
 import os
 
 import pytest
 
-from harness.placement import CpuLayout, apply_to_server, client_on, plan_layout
+from harness.serving.placement import CpuLayout, apply_to_server, client_on, plan_layout
 from tests.unit.stand_in_vllm import stand_in_server
 
 

@@ -1,9 +1,9 @@
 """The bench's metrics table: its rows come from the metric declarations, in their order."""
 from __future__ import annotations
 
-from harness.client import RequestRecord
-from harness.metrics import Scoring, shown_in, summarize
-from harness.report import metrics_table
+from harness.bench.client import RequestRecord
+from harness.bench.metrics import Scoring, shown_in, summarize
+from harness.bench.report import metrics_table
 
 
 def test_the_table_has_one_row_per_declared_table_metric_in_declaration_order():

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from harness.bench import BenchConfig, Workload, run_bench
-from harness.client import ClientConfig
-from harness.datasets import decode_micro
-from harness.metrics import Scoring
-from harness.runner import Point, SweepPolicy, run_points, sweep_stop_reason
+from harness.bench.run import BenchConfig, Workload, run_bench
+from harness.bench.client import ClientConfig
+from harness.bench.datasets import decode_micro
+from harness.bench.metrics import Scoring
+from harness.bench.runner import Point, SweepPolicy, run_points, sweep_stop_reason
 from tests.unit.synthetic_server import Scenario, SyntheticServer, normal_stream
 
 
@@ -122,8 +122,8 @@ def test_sweep_that_keeps_scaling_ends_with_max_reached(server, tmp_path):
 
 def test_a_run_records_the_machine_speed_probe_and_a_failing_probe_costs_only_the_rescaling(server, tmp_path,
                                                                                           monkeypatch, capsys):
-    import harness.bench as bench
-    from harness.machine_speed import MachineSpeed
+    import harness.bench.run as bench
+    from harness.machine.speed import MachineSpeed
 
     cfg = BenchConfig(workloads=(Workload("decode-micro", (1,), requests=2, output_tokens=4),),
                       base_url=server.url, model="fast", out_root=tmp_path, show_progress=False, machine_speed=True)

@@ -1,8 +1,8 @@
-"""embedded_server (harness/server.py): the one way `qwen36 serve`, `qwen36 bench`, the test session and the
+"""embedded_server (harness/serving/launcher.py): the one way `qwen36 serve`, `qwen36 bench`, the test session and the
 perf gates' compared servers make the embedded tiny server. Nothing is started here."""
 from __future__ import annotations
 
-from harness.server import embedded_config, embedded_server
+from harness.serving.launcher import embedded_config, embedded_server
 
 
 def test_a_given_model_is_used_as_is_with_the_overrides_and_the_log_in_the_work_dir(tmp_path):

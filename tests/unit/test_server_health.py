@@ -1,4 +1,4 @@
-"""harness.server_health on stand-in process trees with vLLM's process titles."""
+"""harness.serving.health on stand-in process trees with vLLM's process titles."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import time
 
 import psutil
 
-from harness.server_health import dead_server_reports, why_down
+from harness.serving.health import dead_server_reports, why_down
 from tests.unit.stand_in_vllm import stand_in_server
 
 ENGINE = "VLLM::EngineCore"

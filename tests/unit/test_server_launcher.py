@@ -11,9 +11,9 @@ import httpx
 import psutil
 import pytest
 
-from harness import shared_server
+from harness.serving import shared_server
 from harness.errors import ServerDied
-from harness.server import ManagedServer, ServerConfig, build_command, terminate_tree
+from harness.serving.launcher import ManagedServer, ServerConfig, build_command, terminate_tree
 
 FAKE = str(Path(__file__).with_name("fake_openai_server.py"))
 
@@ -120,7 +120,7 @@ def test_shared_server_failure_is_recorded_so_other_workers_fail_fast(tmp_path):
 def test_server_is_ended_when_its_owner_is_killed(tmp_path):
     # The owner starts a server and is then SIGKILLed: no teardown runs, the watchdog must end the tree.
     code = (f"import sys, os, time; sys.path.insert(0, {str(Path(__file__).parents[2])!r})\n"
-            "from harness.server import ManagedServer, ServerConfig\n"
+            "from harness.serving.launcher import ManagedServer, ServerConfig\n"
             f"s = ManagedServer(ServerConfig(model='x', command=(sys.executable, {FAKE!r}, '{{port}}', 'ok')), "
             f"{str(tmp_path / 'server.log')!r}).start()\n"
             "print(s.proc.pid, flush=True)\ntime.sleep(300)\n")

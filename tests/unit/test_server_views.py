@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from harness import prometheus
-from harness.hardware import HardwareSampler, parse_csv, summarize_samples
+from harness.machine import prometheus
+from harness.machine.hardware import HardwareSampler, parse_csv, summarize_samples
 
 BEFORE = """# HELP vllm:prefix_cache_queries_total x
 # TYPE vllm:prefix_cache_queries_total counter

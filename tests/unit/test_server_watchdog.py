@@ -1,4 +1,4 @@
-"""The watchdog (harness/watchdog.py) on throwaway `sleep` processes: an owner, and a group standing in for
+"""The watchdog (harness/serving/watchdog.py) on throwaway `sleep` processes: an owner, and a group standing in for
 a server's tree (a shell with two children in its own session, as ManagedServer starts vLLM)."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 
 import psutil
 
-from harness import watchdog
-from harness.server import still_running
+from harness.serving import watchdog
+from harness.serving.launcher import still_running
 
 
 def _group(script: str = "sleep 300 & sleep 300 & wait", children: int = 2) -> tuple[subprocess.Popen, list]:

@@ -9,8 +9,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness import shared_server, suite_session
-from harness.server import ManagedServer, ServerConfig
+from harness import suite_session
+from harness.serving import shared_server
+from harness.serving.launcher import ManagedServer, ServerConfig
 
 FAKE = str(Path(__file__).with_name("fake_openai_server.py"))
 REPO = str(Path(__file__).parents[2])
@@ -21,7 +22,7 @@ _CLIENT = """
 import json, os, sys
 sys.path.insert(0, {repo!r})
 from pathlib import Path
-from harness import shared_server
+from harness.serving import shared_server
 def must_not_start(state_dir):
     raise SystemExit("the command had to start the server itself")
 info = shared_server.acquire(Path(os.environ[shared_server.STATE_ENV]), must_not_start)
@@ -99,7 +100,7 @@ def test_the_callers_environment_is_restored(tmp_path, monkeypatch):
 
 
 def test_servers_started_after_the_sessions_are_ended_too(tmp_path):
-    from harness import shared_server
+    from harness.serving import shared_server
 
     seen = {}
 
@@ -110,7 +111,7 @@ def test_servers_started_after_the_sessions_are_ended_too(tmp_path):
     # The command waits for the second server as a test would wait for a compared one.
     script = tmp_path / "wait.py"
     script.write_text(f"import os, sys, time\nsys.path.insert(0, {REPO!r})\nfrom pathlib import Path\n"
-                      "from harness import shared_server\n"
+                      "from harness.serving import shared_server\n"
                       "state = Path(os.environ[shared_server.STATE_ENV])\n"
                       "deadline = time.monotonic() + 60\n"
                       "while not (state / 'other.json').exists() and time.monotonic() < deadline:\n"
@@ -122,7 +123,7 @@ def test_servers_started_after_the_sessions_are_ended_too(tmp_path):
 
 
 def test_later_commands_wait_until_every_start_is_over(tmp_path):
-    from harness import shared_server
+    from harness.serving import shared_server
 
     def slow_then(state_dir, session):
         time.sleep(1.5)  # a compared server still starting when the first command ends

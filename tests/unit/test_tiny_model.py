@@ -6,7 +6,7 @@ import json
 import pytest
 
 from harness.errors import HarnessError
-from harness.tiny_model import SPECIAL_TOKENS, TinyRecipe, build_tiny_model, checkpoint_digest, tensor_shapes
+from harness.serving.tiny_model import SPECIAL_TOKENS, TinyRecipe, build_tiny_model, checkpoint_digest, tensor_shapes
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,11 @@
 """Human views of a run: the metrics table (terminal and report.md) with the distance to the platform's
 targets, and a PNG of the TTFT and per-request output TPS distributions. The table's metrics, their order,
-units and directions come from the metric declarations (harness/metrics.py)."""
+units and directions come from the metric declarations (harness/bench/metrics.py)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from harness.metrics import REGISTRY, RunSummary, Scoring, shown_in, target_distance
+from harness.bench.metrics import REGISTRY, RunSummary, Scoring, shown_in, target_distance
 
 TABLE_METRICS = shown_in("table")
 _ARROW = {"higher": "↑", "lower": "↓", "info": ""}

@@ -1,4 +1,4 @@
-"""`python harness/watchdog.py OWNER_PID GROUP_ID`: end a server's process group once its owner is gone.
+"""`python harness/serving/watchdog.py OWNER_PID GROUP_ID`: end a server's process group once its owner is gone.
 
 Why a separate process: a killed owner (CI timeout, kill -9) runs no teardown, and the server lives in its
 own session (process group), so nothing else would end it. The watchdog exits as soon as the group is gone.

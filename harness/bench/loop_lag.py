@@ -1,6 +1,6 @@
 """Whose stall is it? The client loop's own lateness, measured while it reads the streams.
 
-A stream that goes quiet for 100 ms and then delivers a burst (harness.metrics.stall_kind) was either held up
+A stream that goes quiet for 100 ms and then delivers a burst (harness.bench.metrics.stall_kind) was either held up
 by the server, or sent on time to a client that was not running (descheduled on a shared core: the server's
 packets were on the wire the whole time, docs/perf-gates.md). The two look the same in the stream. They do not
 look the same to a timer: a task that asks the client's event loop to wake it every INTERVAL_S wakes late by

@@ -18,7 +18,7 @@ from typing import Callable
 from filelock import FileLock
 
 from harness.errors import HarnessError, ServerDied
-from harness.server import ManagedServer, embedded_server, terminate_tree
+from harness.serving.launcher import ManagedServer, embedded_server, terminate_tree
 
 STATE_ENV = "QWEN36_SERVER_STATE_DIR"
 OWNER_ENV = "QWEN36_SERVER_OWNER_PID"  # the owner: its death ends the server, whatever the workers do
@@ -32,7 +32,7 @@ class ServerInfo:
     log_path: str | None = None
     command: str | None = None
     model_dir: str | None = None
-    client_cpus: tuple[int, ...] | None = None  # where a client on this machine should run (harness.placement)
+    client_cpus: tuple[int, ...] | None = None  # where a client on this machine should run (harness.serving.placement)
     api_key: str | None = None  # what its requests must carry (vLLM's --api-key), None: nothing
     slowdown_file: str | None = None  # its test-only step slowdown (harness.gates.servers.set_step_slowdown)
 

@@ -10,10 +10,10 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from harness.client import ClientConfig, RequestRecord, make_http_client, stream_request
-from harness.datasets import Dataset, Item
-from harness.loop_lag import LoopLag, attribute, watching
-from harness.metrics import RunSummary, Scoring, summarize
+from harness.bench.client import ClientConfig, RequestRecord, make_http_client, stream_request
+from harness.bench.datasets import Dataset, Item
+from harness.bench.loop_lag import LoopLag, attribute, watching
+from harness.bench.metrics import RunSummary, Scoring, summarize
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def run_points(cfg: ClientConfig, points: list[Point], scoring: Scoring, *, show
                before_measure: Callable[[Point], None] | None = None,
                after_point: Callable[[PointResult], str | None] | None = None,
                exclude_stalled: bool = False) -> tuple[list[PointResult], str]:
-    """Run points in order (`exclude_stalled`: see harness.metrics.summarize). `after_point` may return a stop reason (the sweep). Returns the results and
+    """Run points in order (`exclude_stalled`: see harness.bench.metrics.summarize). `after_point` may return a stop reason (the sweep). Returns the results and
     why the run ended: "completed", "interrupted" (Ctrl-C) or a sweep stop reason."""
 
     async def main() -> tuple[list[PointResult], str]:

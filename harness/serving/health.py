@@ -13,8 +13,8 @@ from pathlib import Path
 
 import psutil
 
-from harness.placement import ENGINE_TITLE, process_title
-from harness.server import log_tail
+from harness.serving.placement import ENGINE_TITLE, process_title
+from harness.serving.launcher import log_tail
 
 TAIL_LINES = 60
 
@@ -42,7 +42,7 @@ def why_down(pid: int) -> str | None:
 
 
 def recorded_servers(state_dir: Path) -> dict[str, dict]:
-    """The servers recorded in `state_dir` by harness.shared_server, by name (their state files' contents; the
+    """The servers recorded in `state_dir` by harness.serving.shared_server, by name (their state files' contents; the
     warm-up markers beside them are not servers)."""
     servers = {}
     for state in sorted(Path(state_dir).glob("*.json")):

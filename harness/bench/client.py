@@ -44,7 +44,7 @@ class RequestRecord:
     # Arrival of every output event, in microseconds after t_first: the raw stream timing, from which the
     # largest gap (a stall) is read independently of TPOT.
     output_offsets_us: list[int] = field(default_factory=list)
-    # How long the client's own event loop was late during the request's longest wait (harness.loop_lag);
+    # How long the client's own event loop was late during the request's longest wait (harness.bench.loop_lag);
     # None: not measured. A stall is the client's only when this shows it.
     client_late_s: float | None = None
     failure: str | None = None  # one of FAILURE_CLASSES, None on success

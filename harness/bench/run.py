@@ -13,19 +13,19 @@ from urllib.parse import urlparse
 
 import httpx
 
-from harness import datasets as ds
-from harness.artifacts import manifest, new_run_dir, write_json, write_records
-from harness.client import API_KEY_FIX, UNAUTHORIZED, ClientConfig
+from harness.bench import datasets as ds
+from harness.bench.artifacts import manifest, new_run_dir, write_json, write_records
+from harness.bench.client import API_KEY_FIX, UNAUTHORIZED, ClientConfig
 from harness.errors import HarnessError
-from harness.hardware import HardwareSampler, summarize_samples
-from harness.machine_speed import MachineSpeed, measure_machine_speed, run_speed
-from harness.metrics import REGISTRY, RunSummary, Scoring
+from harness.machine.hardware import HardwareSampler, summarize_samples
+from harness.machine.speed import MachineSpeed, measure_machine_speed, run_speed
+from harness.bench.metrics import REGISTRY, RunSummary, Scoring
 from harness.paths import RUNS_DIR
-from harness.placement import client_on
-from harness.prometheus import compare_hit_rates, deltas, scrape
-from harness.report import metrics_table, write_plot, write_report
-from harness.runner import Point, PointResult, SweepPolicy, run_points, sweep_stop_reason
-from harness.server import ManagedServer, embedded_server
+from harness.serving.placement import client_on
+from harness.machine.prometheus import compare_hit_rates, deltas, scrape
+from harness.bench.report import metrics_table, write_plot, write_report
+from harness.bench.runner import Point, PointResult, SweepPolicy, run_points, sweep_stop_reason
+from harness.serving.launcher import ManagedServer, embedded_server
 
 DATASETS = ("decode-micro", "official-like", "matrix", "replay")
 
@@ -87,17 +87,17 @@ class BenchConfig:
     server_command: str | None = None
     model_dir: Path | None = None  # its model directory: sizes prompts with its tokenizer, hashes its files
     # A server on this machine: the cores the client runs on while measuring (the layout's frontend cores,
-    # harness/placement.py). The embedded server sets it itself; None leaves the client where it is.
+    # harness/serving/placement.py). The embedded server sets it itself; None leaves the client where it is.
     client_cpus: tuple[int, ...] | None = None
-    # Stalled streams out of the timing percentiles (harness.metrics.summarize); None: yes when the server
+    # Stalled streams out of the timing percentiles (harness.bench.metrics.summarize); None: yes when the server
     # is on this machine (loopback), where a stall is the client's, no for a remote server.
     exclude_stalled: bool | None = None
     # Embedded server only.
     tiny_model_dir: Path | None = None  # None: build into <out_root>/tiny-model
     max_model_len: int = 8192
     server_log: Path | None = None
-    place_processes: bool = True  # harness/placement.py; False reproduces vLLM's own placement
-    # Run harness.machine_speed's probe before and after the workloads, into the manifest: for a server on this
+    place_processes: bool = True  # harness/serving/placement.py; False reproduces vLLM's own placement
+    # Run harness.machine.speed's probe before and after the workloads, into the manifest: for a server on this
     # machine, whose speed the probe then stands for, so a gate can compare runs made on different days.
     machine_speed: bool = False
 
@@ -284,7 +284,7 @@ def write_outputs(run_dir: Path, cfg: BenchConfig, base_url: str, model: str, se
                                         {"client_cpus": list(cfg.client_cpus)} if cfg.client_cpus else None),
                           "machine_speed": machine_speed})
     if model_dir is not None:
-        from harness.tiny_model import checkpoint_digest
+        from harness.serving.tiny_model import checkpoint_digest
 
         man["model_files_sha256"] = checkpoint_digest(Path(model_dir))
     write_json(run_dir / "manifest.json", man)
@@ -310,7 +310,7 @@ def write_outputs(run_dir: Path, cfg: BenchConfig, base_url: str, model: str, se
     })
     notes = []
     if server is not None and server.proc is not None and server.proc.poll() is not None:
-        from harness.server import log_tail
+        from harness.serving.launcher import log_tail
 
         notes.append(f"the embedded server exited with code {server.proc.returncode} during the run; "
                      f"last log lines:\n\n```\n{log_tail(server.log_path, 20)}\n```")

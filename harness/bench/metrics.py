@@ -7,9 +7,9 @@ fixtures/scoring/platform.yaml). The report, compare, gates and scoring take the
 declaration order (the display order); those files hold numbers only, and naming a metric that is not
 declared for them is an error. Nothing else restates a unit or a direction.
 
-The timing points (t0, t_first, t_last, the output events) are harness/client.py's; the conventions behind
+The timing points (t0, t_first, t_last, the output events) are harness/bench/client.py's; the conventions behind
 them are docs/design.md's. Adding a metric: its declaration in `RUN_METRICS` (a percentile: one entry in a
-`Percentiles` family, or a new family) and a test; harness/client.py too if it needs a new per-request field.
+`Percentiles` family, or a new family) and a test; harness/bench/client.py too if it needs a new per-request field.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from typing import Callable, Iterable, Literal
 
 import yaml
 
-from harness.client import FAILURE_CLASSES, RequestRecord
+from harness.bench.client import FAILURE_CLASSES, RequestRecord
 from harness.errors import HarnessError
-from harness.loop_lag import client_caused
+from harness.bench.loop_lag import client_caused
 from harness.paths import SCORING_FILE
 
 Direction = Literal["higher", "lower", "info"]
@@ -41,7 +41,7 @@ STALL_BURST_GAP_S = 0.001
 
 @dataclass(frozen=True)
 class Metric:
-    """One metric. `compute` is how a run computes it; None for a per-request value, which harness/client.py's
+    """One metric. `compute` is how a run computes it; None for a per-request value, which harness/bench/client.py's
     `RequestRecord` computes. `shown_in`: the places it appears."""
     name: str
     unit: str
@@ -74,9 +74,9 @@ class MeasuredRun:
     """A point's measured requests (warm-up left out), split once for the metrics' computations.
 
     `exclude_stalled`: leave out of the per-request timing percentiles (`timed`) the stalled requests (`stall_kind`)
-    whose stall the client's own event loop was late for (harness.loop_lag: measured, not assumed). Right for a
+    whose stall the client's own event loop was late for (harness.bench.loop_lag: measured, not assumed). Right for a
     client that shares the machine with the server, where the client can be descheduled while the server keeps
-    sending (harness/placement.py); a stall the loop was on time for is the server's and stays in every metric.
+    sending (harness/serving/placement.py); a stall the loop was on time for is the server's and stays in every metric.
     Against a remote server nothing is left out: the platform sees every stall. Run-level metrics keep every
     successful request."""
 
@@ -188,7 +188,7 @@ RUN_METRICS = [
     Metric("requests", "count", "info", "measured requests (warm-up excluded)", lambda run: len(run.records),
            ("table",)),
     Metric("successes", "count", "info", "requests that met every success condition", lambda run: len(run.ok)),
-    Metric("stalled_requests", "count", "info", "successful requests with a stall (harness.metrics.stall_kind)",
+    Metric("stalled_requests", "count", "info", "successful requests with a stall (harness.bench.metrics.stall_kind)",
            lambda run: len(run.stalled), ("table",)),
     Metric("gap_over_100ms_requests", "count", "info", "successful requests with any gap over 100 ms between "
            "two output events (raw: includes a tool parser holding text back)",
@@ -202,7 +202,7 @@ def _register(metrics: list[Metric]) -> dict[str, Metric]:
     registry: dict[str, Metric] = {}
     for m in metrics:
         if m.name in registry:
-            raise ValueError(f"metric {m.name} is declared twice in harness/metrics.py")
+            raise ValueError(f"metric {m.name} is declared twice in harness/bench/metrics.py")
         registry[m.name] = m
     return registry
 
@@ -224,11 +224,11 @@ def check_declared(names: Iterable[str], place: Place, where: str, complete: boo
     declared = shown_in(place)
     undeclared = [n for n in names if n not in declared]
     if undeclared:
-        raise HarnessError(f"{where}: {undeclared} are not declared for {place} in harness/metrics.py (declared: "
+        raise HarnessError(f"{where}: {undeclared} are not declared for {place} in harness/bench/metrics.py (declared: "
                            f"{list(declared)}); add {place!r} to the metric's shown_in, or remove the entry")
     missing = [n for n in declared if n not in names]
     if complete and missing:
-        raise HarnessError(f"{where}: no entry for {missing}, which harness/metrics.py declares for {place}")
+        raise HarnessError(f"{where}: no entry for {missing}, which harness/bench/metrics.py declares for {place}")
 
 
 @dataclass(frozen=True)
@@ -335,7 +335,7 @@ def _notes(run: MeasuredRun) -> list[str]:
                 "a mid-stream gap followed by a burst")
         labels = " / ".join(f.label for f in TIMING_PERCENTILES)
         client = len(run.client_stalled)
-        fate = (f"{client} of them the client's (its event loop was late for most of the stall, harness.loop_lag): "
+        fate = (f"{client} of them the client's (its event loop was late for most of the stall, harness.bench.loop_lag): "
                 f"left out of {labels} percentiles; the rest were the server's and stay in every metric"
                 if run.exclude_stalled else "kept in every metric: their TPOT / output TPS are not decode speed")
         notes.append(f"{len(run.stalled)} of {len(run.ok)} successful request(s) stalled ({what}); {fate}")

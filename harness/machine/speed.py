@@ -15,7 +15,7 @@ kernel build served the tiny model's decode 4.4 times and its official-like pref
 vector and matrix extensions that choose vLLM CPU's kernels, the kernel), and a gate refuses a baseline of
 another kind.
 
-    python -m harness.machine_speed     # prints one JSON line: the rate and its spread
+    python -m harness.machine.speed     # prints one JSON line: the rate and its spread
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ REPEAT_S = 0.15
 # probe read x0.49 while the session server's decode did not change (286 vs 287 tok/s, 2026-12-03), and a
 # rescaled gate then missed the slower decode. Idle, the three servers of `make test` take ~0.05 of a core.
 BUSY_LIMIT = 0.25
-# vLLM's CPU engine core and worker busy-wait for up to a second after their last message (harness.placement):
+# vLLM's CPU engine core and worker busy-wait for up to a second after their last message (harness.serving.placement):
 # a probe taken sooner after a server's last request would measure that spin, not the machine.
 SETTLE_S = 1.5
 
@@ -186,7 +186,7 @@ def measure_machine_speed(timeout_s: float = 120.0, settle_s: float = SETTLE_S) 
     """The probe in a child process (the caller's affinity and threads stay as they are), `settle_s` after
     the caller's last request."""
     time.sleep(settle_s)
-    out = subprocess.run([sys.executable, "-m", "harness.machine_speed"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "harness.machine.speed"], capture_output=True, text=True,
                          timeout=timeout_s, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     return MachineSpeed.from_dict(json.loads(out.stdout.strip().splitlines()[-1]))
 

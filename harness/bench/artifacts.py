@@ -1,4 +1,4 @@
-"""A run directory: manifest.json, requests.jsonl, summary.json (report.md and plot.png: harness.report)."""
+"""A run directory: manifest.json, requests.jsonl, summary.json (report.md and plot.png: harness.bench.report)."""
 from __future__ import annotations
 
 import datetime as dt

@@ -24,9 +24,9 @@ from pathlib import Path
 import httpx
 import psutil
 
-from harness import watchdog
+from harness.serving import watchdog
 from harness.errors import HarnessError, ServerDied
-from harness.placement import CpuLayout, apply_to_server, plan_layout
+from harness.serving.placement import CpuLayout, apply_to_server, plan_layout
 
 DEFAULT_SERVED_NAME = "tiny-qwen36"
 
@@ -54,7 +54,7 @@ class ServerConfig:
     cpu_kvcache_gib: int = 2
     env: dict[str, str] = field(default_factory=dict)
     # Place the engine core with the worker and the API server (and our client) on another core: on a
-    # 2-core machine this is what keeps streams from stalling (harness/placement.py). vLLM commands only.
+    # 2-core machine this is what keeps streams from stalling (harness/serving/placement.py). vLLM commands only.
     place_processes: bool = True
     # Start on the mirrored layout, then move every process, the worker too, to the layout once ready: two
     # servers starting together then compile on different cores (their workers' torch.compile is most of a
@@ -86,7 +86,7 @@ def embedded_server(work_dir: Path | str, model_dir: Path | str | None = None, l
     `work_dir`/server.log; `overrides` go to embedded_config. `qwen36 serve`, `qwen36 bench`, the test
     session's server and the servers the perf gates compare with it all start it here."""
     if model_dir is None:
-        from harness.tiny_model import build_tiny_model
+        from harness.serving.tiny_model import build_tiny_model
 
         model_dir = build_tiny_model(Path(work_dir) / "tiny-model")
     return ManagedServer(embedded_config(model_dir, **overrides), Path(log_path or Path(work_dir) / "server.log"))
@@ -215,7 +215,7 @@ class ManagedServer:
             log.write(f"qwen36: process placement ({self.layout.describe()}): {placed}\n")
 
     def _start_watchdog(self) -> None:
-        # A killed owner runs no teardown: the watchdog ends the server's group then (harness/watchdog.py).
+        # A killed owner runs no teardown: the watchdog ends the server's group then (harness/serving/watchdog.py).
         watchdog.start(self.cfg.owner_pid or os.getpid(), self.proc.pid)
 
     def _remember_descendants(self) -> None:
