@@ -1,0 +1,56 @@
+"""The import layers are a contract: pyproject.toml's [tool.importlinter] contracts hold for the checkout, and each
+kind of wrong import they exist for breaks them (checked on a copy of the sources with that one import added)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.paths import REPO_ROOT
+
+PACKAGES = ("tests", "harness", "patches", "model")
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess:
+    # A fresh interpreter in `root`, so the packages it analyses are the ones there; no cache written.
+    return subprocess.run([sys.executable, "-c", "import sys; from importlinter.cli import lint_imports; "
+                           "sys.exit(lint_imports(no_cache=True, no_logo=True))"],
+                          cwd=root, capture_output=True, text=True, timeout=120)
+
+
+def test_the_checkout_keeps_every_contract():
+    result = _lint(REPO_ROOT)
+    assert result.returncode == 0, f"an import breaks the layers (fix the import, not the contract):\n{result.stdout}"
+
+
+def _sources_copy(dest: Path) -> Path:
+    for package in PACKAGES:
+        shutil.copytree(REPO_ROOT / package, dest / package,
+                        ignore=lambda _dir, names: [n for n in names if not (n.endswith(".py") or "." not in n)])
+    shutil.copy(REPO_ROOT / "pyproject.toml", dest / "pyproject.toml")
+    return dest
+
+
+@pytest.mark.parametrize(("module", "wrong_import", "broken"), [
+    ("model/norm.py", "import harness.errors", "tests above harness above patches above model"),
+    ("patches/registry.py", "import harness.paths", "tests above harness above patches above model"),
+    ("harness/serving/launcher.py", "import harness.gates.servers", "harness: entry points"),
+    ("harness/machine/speed.py", "import harness.serving.placement", "harness: entry points"),
+    ("harness/bench/metrics.py", "import harness.gates.paired", "harness: entry points"),
+    ("patches/registry.py", "from . import seams", "patches: plugin and verify"),
+    ("harness/gates/decision.py", "import harness.gates.paired", "no package contains an import circle"),
+    ("harness/bench/metrics.py", "import harness.serving.placement", None),  # allowed: bench builds on serving
+])
+def test_a_wrong_way_import_breaks_its_contract(tmp_path, module, wrong_import, broken):
+    root = _sources_copy(tmp_path)
+    path = root / module
+    path.write_text(path.read_text() + f"\n{wrong_import}  # added by the test\n")
+    result = _lint(root)
+    if broken is None:
+        assert result.returncode == 0, result.stdout
+        return
+    assert result.returncode == 1, f"{wrong_import} in {module} broke no contract:\n{result.stdout}"
+    assert f"{broken}" in result.stdout and "BROKEN" in result.stdout, result.stdout
