@@ -13,6 +13,9 @@ The commands run in order; the first that fails stops the rest and gives its exi
 while the servers start; each later one waits until every start and warm-up is over, as it measures time (a
 start beside a measurement slowed the perf gates' control by 40%). With `--server-url` in a command nothing
 is started: that run measures the server it names.
+
+An entry point beside the CLI, not part of `harness.serving`: it starts the gates' servers too, and `gates`
+builds on `serving`.
 """
 from __future__ import annotations
 
