@@ -38,7 +38,11 @@ def baselines(tmp_path_factory) -> Path:
     with synthetic(0.005) as server:
         run = run_bench(BenchConfig(workloads=PRESETS[PRESET], base_url=server.url, repeats=3, out_root=root,
                                     label="record", show_progress=False))
-    save_baseline(baseline_from_runs(PROFILE, [run], PRESET, "tests/unit/test_gate_live_by_url.py"), root)
+    # The tolerances are at least 25% (`--tolerance-floor 0.25`): the suite runs this beside other tests and server
+    # starts on 2 cores, whose load adds its own ~10 ms to a 30 ms TTFT and moved a same server's weighted
+    # throughput by -11% against its recording (a fresh-clone run, 2026-12-03). The slower server is far outside.
+    save_baseline(baseline_from_runs(PROFILE, [run], PRESET, "tests/unit/test_gate_live_by_url.py",
+                                     tolerance_floor=0.25), root)
     return root
 
 
@@ -65,7 +69,7 @@ def test_the_same_server_passes_by_url(baselines):
 
 
 def test_a_slower_server_fails_on_output_tps(baselines):
-    with synthetic(0.008) as server:  # 60% longer between tokens
+    with synthetic(0.0125) as server:  # 2.5x as long between tokens: Output TPS P10 about 60% lower
         done = live_gate(server.url, baselines)
     assert done.returncode == 1, done.stdout[-3000:]
     assert "output_tps_p10" in failed(done) and "ttft_p90" not in failed(done), done.stdout[-3000:]
