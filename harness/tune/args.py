@@ -55,6 +55,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-table", action="store_true", help="measure and report only")
     p.add_argument("--report-dir", type=Path, default=None, help="default: runs/tune/<device>-<date>")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--sweep-configs", action="store_true",
+                   help="moe: instead of choosing between expert paths, time each Triton path's candidate block "
+                        "configs per token count (harness/tune/config_space.py) and report the fastest correct "
+                        "one next to the registered one, with the table to paste into model/moe/triton_*.py; "
+                        "writes no dispatch table")
+    p.add_argument("--compile-workers", type=int, default=8,
+                   help="--sweep-configs on a GPU: processes that compile the candidates in parallel first "
+                        "(Triton's disk cache keeps them for the sweep); 0 or 1: each compiles as it is first timed")
 
 
 def add_parser(sub) -> None:

@@ -5,6 +5,7 @@ import datetime as dt
 import shlex
 import signal
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -60,7 +61,15 @@ def run(a) -> int:
     layer_points = () if a.no_layer else (LAYER_POINTS if real else TINY_LAYER_POINTS)
     do_gdn, do_moe = a.target in ("all", "gdn"), a.target in ("all", "moe")
     steps = (len(prefill) + len(decode) + len(layer_points)) * do_gdn + (len(moe_tokens) + len(block_tokens)) * do_moe
-    progress = Progress(steps, enabled=not a.no_progress)
+    if a.sweep_configs:
+        from . import config_sweep
+
+        why = config_sweep.why_no_config_sweep(a.target, device, dtype, dims.name)
+        if why:
+            print(f"qwen36 tune --sweep-configs: {why}", file=sys.stderr)
+            return 2
+        steps = config_sweep.config_sweep_steps(moe_tokens, s, a.compile_workers)
+    progress = Progress(steps, enabled=not a.no_progress, unit="config" if a.sweep_configs else "point")
     command = shlex.join(getattr(a, "command", None) or ["qwen36", *sys.argv[1:]])
     meta = {
         "device": name, "device_stem": stem, "date": today, "command": command, "torch": torch.__version__,
@@ -77,31 +86,37 @@ def run(a) -> int:
     rows, notes = [], []
     # GDN paths are all timed everywhere (the project's against fla's is the question); MoE sweeps prune.
     gdn_pruner, moe_pruner = Pruner(float("inf"), prefer_graph), Pruner(a.prune_factor, prefer_graph)
-    table = None
+    config_pruners = defaultdict(lambda: Pruner(a.prune_factor, prefer_graph))  # one per Triton path
+    table, sections = None, []
 
     def finish_phase():
-        nonlocal table
+        nonlocal table, sections
         verdicts = judge_targets(rows) if real else []
-        if not a.no_table:
+        # A config sweep measures configs that do not serve yet, not paths: the dispatch table stays as it is.
+        if not a.no_table and not a.sweep_configs:
             table = build_table(rows, name, meta["dtype"], prefer_graph, recorded)
             path = write_table(table, table_dir / table_file_name(name))
             meta["table_path"] = str(path)
-        dropped = [why for p in (gdn_pruner, moe_pruner) for _, why in p.dropped.values()]
-        write_report(report_dir, meta, rows, table, verdicts, notes + dropped)
+        if a.sweep_configs:
+            sections = [config_sweep.config_sweep_section(rows, prefer_graph, meta["ranked_by"])]
+        pruners = (gdn_pruner, moe_pruner, *config_pruners.values())
+        dropped = [why for p in pruners for _, why in p.dropped.values()]
+        write_report(report_dir, meta, rows, table, verdicts, notes + dropped, sections)
         return verdicts
 
     stopped = []
 
     def phase(label, sweep):
-        """Run one sweep; a failure outside the per-path checks (a reference, the device) or a SIGTERM (a time
-        limit) is noted and what was measured is written; after a SIGTERM no further sweep starts."""
+        """Run one sweep; a failure outside the per-path checks (a reference, the device), a SIGTERM (a time
+        limit) or Ctrl-C is noted and what was measured is written; after a SIGTERM or Ctrl-C no further
+        sweep starts."""
         if stopped:
             return []
         try:
             sweep()  # appends to `rows` as it measures
-        except Exception as exc:
-            if isinstance(exc, Terminated):
-                stopped.append(label)
+        except (Exception, KeyboardInterrupt) as exc:
+            if isinstance(exc, (Terminated, KeyboardInterrupt)):
+                stopped.append(exc)
             notes.append(f"{label} stopped: {type(exc).__name__}: {str(exc).strip()[:300]}")
             print(f"qwen36 tune: {label} stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
         return finish_phase()
@@ -120,7 +135,10 @@ def run(a) -> int:
                         "gdn_decode": winners(rows, "gdn_decode", prefer_graph)}
                 verdicts = phase("gdn layer", lambda: time_gdn_layer(
                     dims.gdn, s, lambda b, t: _layer_rule(best, b, t), progress.tick, layer_points, rows))
-        if do_moe:
+        if a.sweep_configs:
+            verdicts = phase("moe config sweep", lambda: config_sweep.sweep_configs(
+                dims.moe, moe_tokens, s, ceilings, config_pruners, progress.tick, rows, notes, a.compile_workers))
+        elif do_moe:
             notes.extend(f"MoE path {n}: {why}" for n, why in unavailable_expert_paths(s).items())
             notes.append("reference (the float64 definition) is the check, not a candidate")
             from .inputs import moe_weights
@@ -133,8 +151,11 @@ def run(a) -> int:
             del w
     finally:
         progress.close()
-    for block in dict.fromkeys(r.block for r in rows):
-        print(format_rows(rows, block) + "\n")
+    if not a.sweep_configs:  # a config sweep's candidates are too many for the console: the report lists them
+        for block in dict.fromkeys(r.block for r in rows):
+            print(format_rows(rows, block) + "\n")
+    for section in sections:
+        print("\n".join([section.title, "", *section.lines]))
     for line in layer_breakdown(rows):
         print("GDN layer " + line)
     for v in verdicts:
@@ -144,6 +165,8 @@ def run(a) -> int:
     wrong = [r for r in rows if r.status == "wrong"]
     for r in wrong:
         print(f"WRONG: {r.block} {r.key} {r.path}: {r.detail}", file=sys.stderr)
+    if any(isinstance(exc, KeyboardInterrupt) for exc in stopped):
+        return 130  # the shell's code for Ctrl-C: what was measured is written, but the run is not complete
     return 1 if wrong else 0
 
 

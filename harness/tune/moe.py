@@ -2,6 +2,7 @@
 and the whole block (router, routed experts on each path, sigmoid-gated shared expert) at a few counts."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -12,12 +13,13 @@ from model.moe import EXPERT_PATHS, ROUTERS, MoEWeights, moe_block_reference, sh
 from model import tolerances
 from .ceilings import Ceilings
 from .dims import MoEDims
-from .floors import floor_of, moe_block_work, moe_experts_work
+from .floors import Floor, floor_of, moe_block_work, moe_experts_work
 from .inputs import moe_hidden, moe_routing, moe_weights
 from .measure import Measurement, Settings, check_error, measure
 from .prune import Pruner
 
-__all__ = ["sweep_moe_experts", "sweep_moe_block", "unavailable_expert_paths"]
+__all__ = ["ExpertPoint", "expert_point", "measure_expert_fn", "sweep_moe_experts", "sweep_moe_block",
+           "unavailable_expert_paths"]
 
 
 def unavailable_expert_paths(s: Settings) -> dict[str, str]:
@@ -40,6 +42,42 @@ def _tolerance(block_or_path: str, s: Settings) -> float | None:
         return None
 
 
+@dataclass(frozen=True)
+class ExpertPoint:
+    """One token count's inputs, their float64 output and floor: shared by every path (or config) timed there."""
+    tokens: int
+    x: torch.Tensor
+    weights: torch.Tensor
+    ids: torch.Tensor
+    ref: torch.Tensor
+    distinct: int
+    floor: Floor
+
+
+def expert_point(d: MoEDims, tokens: int, s: Settings, ceilings: Ceilings, w: MoEWeights) -> ExpertPoint:
+    x = moe_hidden(tokens, d, s.dtype, s.device, seed=tokens)
+    weights, ids = moe_routing(x, w)
+    reference = EXPERT_PATHS.reference
+    ref = reference.fn(x, w.w13, w.w2, weights, ids,
+                       torch.empty(x.shape, dtype=reference.output_dtype(s.dtype), device=s.device))
+    distinct = int(ids.unique().numel())
+    floor = floor_of(moe_experts_work(tokens, distinct, d, x.element_size()), ceilings)
+    return ExpertPoint(tokens, x, weights, ids, ref, distinct, floor)
+
+
+def measure_expert_fn(block: str, name: str, bound_of: str, fn: Callable, p: ExpertPoint, w: MoEWeights,
+                      s: Settings) -> Measurement:
+    """fn(x, w13, w2, weights, ids, out) at this point, checked against the bound of expert path `bound_of`."""
+    m = Measurement(block, p.tokens, name, "error", floor=p.floor, extra={"distinct_experts": p.distinct})
+    m.bound = _tolerance(bound_of, s)
+    if m.bound is None:
+        m.detail = f"no {s.dtype} tolerance for {bound_of!r} in model/tolerances.py"
+        return m
+    out = torch.empty(p.x.shape, dtype=s.dtype, device=s.device)
+    return measure(m, lambda: fn(p.x, w.w13, w.w2, p.weights, p.ids, out), lambda: out.fill_(float("nan")),
+                   lambda: (check_error(out, p.ref), ""), s)
+
+
 def sweep_moe_experts(d: MoEDims, tokens_list, s: Settings, ceilings: Ceilings, pruner: Pruner,
                       tick: Callable[[str], None], w: MoEWeights | None = None,
                       rows: list[Measurement] | None = None) -> list[Measurement]:
@@ -48,31 +86,11 @@ def sweep_moe_experts(d: MoEDims, tokens_list, s: Settings, ceilings: Ceilings, 
     rows = [] if rows is None else rows
     for tokens in tokens_list:
         tick(f"moe T={tokens}")
-        x = moe_hidden(tokens, d, s.dtype, s.device, seed=tokens)
-        weights, ids = moe_routing(x, w)
-        reference = EXPERT_PATHS.reference
-        ref = reference.fn(x, w.w13, w.w2, weights, ids,
-                           torch.empty(x.shape, dtype=reference.output_dtype(s.dtype), device=s.device))
-        distinct = int(ids.unique().numel())
-        floor = floor_of(moe_experts_work(tokens, distinct, d, x.element_size()), ceilings)
+        p = expert_point(d, tokens, s, ceilings, w)
         here = []
         for name, path in _candidates(tokens, s, pruner):
-            m = Measurement("moe_experts", tokens, name, "error", floor=floor, extra={"distinct_experts": distinct})
-            m.bound = _tolerance(name, s)
-            if m.bound is None:
-                m.detail = f"no {s.dtype} tolerance for {name!r} in model/tolerances.py"
-                here.append(m)
-                rows.append(m)
-                continue
-            out = torch.empty(x.shape, dtype=s.dtype, device=s.device)
-            here.append(m)
-            rows.append(measure(
-                m,
-                lambda fn=path.fn, out=out: fn(x, w.w13, w.w2, weights, ids, out),
-                lambda out=out: out.fill_(float("nan")),
-                lambda out=out: (check_error(out, ref), ""),
-                s,
-            ))
+            here.append(measure_expert_fn("moe_experts", name, name, path.fn, p, w, s))
+            rows.append(here[-1])
         pruner.update(here)
     return rows
 

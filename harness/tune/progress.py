@@ -1,5 +1,6 @@
 """A progress bar for long sweeps: tqdm where it is installed (it is a project dependency), else one line
-per step on stderr. Steps are sweep points (one token count or batch size, every path at it)."""
+per step on stderr. Steps are sweep points (one token count or batch size, every path at it), or for
+--sweep-configs one candidate config at one point (its first point includes compiling it)."""
 from __future__ import annotations
 
 import sys
@@ -9,14 +10,14 @@ __all__ = ["Progress"]
 
 
 class Progress:
-    def __init__(self, total: int, enabled: bool = True):
+    def __init__(self, total: int, enabled: bool = True, unit: str = "point"):
         self.total, self.done, self.enabled, self.start = total, 0, enabled, time.monotonic()
         self._bar = None
         if enabled:
             try:
                 from tqdm import tqdm
 
-                self._bar = tqdm(total=total, unit="point", file=sys.stderr, dynamic_ncols=True)
+                self._bar = tqdm(total=total, unit=unit, file=sys.stderr, dynamic_ncols=True)
             except ImportError:
                 pass
 

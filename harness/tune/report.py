@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from .measure import Measurement
 from .targets import Verdict
 
-__all__ = ["format_rows", "layer_breakdown", "write_report"]
+__all__ = ["Section", "format_rows", "layer_breakdown", "write_report"]
 
 TITLES = {
     "moe_experts": "Routed experts (T tokens)",
@@ -16,6 +17,8 @@ TITLES = {
     "gdn_decode": "Gated delta rule, one decode step (T=1, B sequences)",
     "gdn_layer_prefill": "GDN layer by stage, prefill (B=1, T tokens)",
     "gdn_layer_decode": "GDN layer by stage, decode (T=1, B sequences)",
+    "triton_decode_configs": "triton_decode: every candidate block config (T tokens)",
+    "triton_grouped_configs": "triton_grouped: every candidate block config (T tokens)",
 }
 HEADER = ("point", "path", "status", "eager us (IQR/med)", "graph us (IQR/med)", "err", "bound",
           "floor us (hbm/compute)", "eager/floor", "graph/floor")
@@ -87,11 +90,22 @@ def layer_breakdown(rows: list[Measurement]) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class Section:
+    """A result beyond the rows (the config sweep's): `data` under `key` in the JSON, `lines` under `title` in
+    the Markdown, before the rows."""
+    key: str
+    title: str
+    data: object
+    lines: list[str]
+
+
 def write_report(directory: Path, meta: dict, rows: list[Measurement], table: dict | None,
-                 verdicts: list[Verdict], notes: list[str]) -> tuple[Path, Path]:
+                 verdicts: list[Verdict], notes: list[str], sections: list[Section] = ()) -> tuple[Path, Path]:
     directory.mkdir(parents=True, exist_ok=True)
     payload = {**meta, "targets": [v.__dict__ | {"line": v.line()} for v in verdicts], "notes": notes,
-               "layer_breakdown": layer_breakdown(rows), "table": table, "rows": [r.as_dict() for r in rows]}
+               "layer_breakdown": layer_breakdown(rows), **{x.key: x.data for x in sections}, "table": table,
+               "rows": [r.as_dict() for r in rows]}
     json_path = directory / "tune.json"
     json_path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     md = [f"# `qwen36 tune` on {meta['device']} ({meta['date']})", "",
@@ -102,6 +116,8 @@ def write_report(directory: Path, meta: dict, rows: list[Measurement], table: di
         md += ["## Targets", ""] + [f"- {v.line()}" for v in verdicts] + [""]
     if notes:
         md += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    for x in sections:
+        md += [f"## {x.title}", "", *x.lines, ""]
     breakdown = layer_breakdown(rows)
     if breakdown:
         md += ["## GDN layer: which stage dominates", ""] + [f"- {b}" for b in breakdown] + [""]

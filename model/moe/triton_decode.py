@@ -102,8 +102,8 @@ class DecodeConfig:
     warps_down: int = 4
 
 
-# By largest T served: the H200 sweep's winners (graph replay, L2 flushed; tools/bench_moe_experts.py,
-# reports/moe-triton-2026-12-01/); T = 1 and T = 2 had winners of their own.
+# By largest T served: the H200 sweep's winners (graph replay, L2 flushed; reports/moe-triton-2026-12-01/);
+# T = 1 and T = 2 had winners of their own. Re-measure with `qwen36 tune moe --sweep-configs` (docs/tuning.md).
 DECODE_CONFIGS: tuple[tuple[int, DecodeConfig], ...] = (
     (1, DecodeConfig(block_i=2, block_h=2048, warps_gate_up=4, block_n=16, warps_down=8)),
     (2, DecodeConfig(block_i=8, block_h=1024, warps_gate_up=8, block_n=8, warps_down=4)),

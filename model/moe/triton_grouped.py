@@ -192,8 +192,8 @@ class GroupedConfig:
 
 
 # By largest T served: the H200 sweep's winners at T = 1..32, 64, 512 and 4096/8192 (graph replay, L2 flushed;
-# tools/bench_moe_experts.py, reports/moe-triton-2026-12-01/); the boundaries between those points are not
-# measured. Larger row blocks pay once each expert has a few hundred rows.
+# reports/moe-triton-2026-12-01/); the boundaries between those points are not measured. Larger row blocks
+# pay once each expert has a few hundred rows. Re-measure with `qwen36 tune moe --sweep-configs` (docs/tuning.md).
 GROUPED_CONFIGS: tuple[tuple[int, GroupedConfig], ...] = (
     (32, GroupedConfig(block_m=16, gate_up_n=64, gate_up_k=128, gate_up_warps=4, gate_up_stages=3,
                        down_n=128, down_k=64, down_warps=4, down_stages=2)),
