@@ -5,6 +5,9 @@ A candidate's `path` is its constructor expression (`DecodeConfig(block_i=2, blo
 defaults left out), so the report names each config the way the module writes it. Candidates rank as tune
 ranks paths (table.ranked: graph replay where wanted and captured, else eager; only outputs within the bound
 count), and a point's winner holds from that point up to the next measured one, as in the dispatch table.
+The table to paste takes a winner only where it is clearly faster than the registered config (its upper
+quartile below the registered one's lower quartile); elsewhere it keeps the registered config, so that a
+re-tune does not churn the tables over differences inside the timing spread.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ class PointChoice:
     registered_status: str  # ok | wrong | error | not measured, with the detail
     winner: dict | None  # {"path", "us", "mode"}: the fastest correct candidate, None if none was correct
     counts: dict[str, int]  # status -> candidates
+    chosen: str | None = None  # what the table to paste serves here: the winner if clearly faster, else registered
 
     @property
     def speedup(self) -> float | None:
@@ -58,10 +62,21 @@ def choose(rows: list[Measurement], block: str, prefer_graph: bool) -> dict[int,
         status = "not measured" if registered is None else (
             registered.status if not registered.detail else f"{registered.status}: {registered.detail}")
         counts = {s: sum(r.status == s for r in here) for s in ("ok", "wrong", "error")}
+        winner = fastest[key][0] if key in fastest else None
+        chosen = winner["path"] if winner else None
+        if winner and best and winner["path"] != registered.path:
+            winner_row = next(r for r in here if r.path == winner["path"])
+            if not _clearly_faster(getattr(winner_row, winner["mode"]), getattr(registered, best[1])):
+                chosen = registered.path
         out[key] = PointChoice(key, registered.path if registered else None,
                                {"us": round(best[0], 2), "mode": best[1]} if best else None, status,
-                               fastest[key][0] if key in fastest else None, counts)
+                               winner, counts, chosen)
     return out
+
+
+def _clearly_faster(candidate, registered) -> bool:
+    """Timings (median and quartiles): the candidate's slower quarter beats the registered one's faster quarter."""
+    return candidate.p75_us < registered.p25_us
 
 
 def pasteable_table(name: str, config_type: str, winners: dict[int, str]) -> str:
@@ -103,8 +118,8 @@ def _time(t: dict | None) -> str:
 
 def summary_lines(choices: dict[int, PointChoice]) -> list[str]:
     """A Markdown table: per token count the registered config and the winner, with their times."""
-    lines = ["| T | registered config | us | fastest correct config | us | registered / fastest | ok / wrong / error |",
-             "|---:|---|---:|---|---:|---:|---|"]
+    lines = ["| T | registered config | us | fastest correct config | us | registered / fastest | clearly faster "
+             "| ok / wrong / error |", "|---:|---|---:|---|---:|---:|---|---|"]
     for key, c in choices.items():
         winner = "none correct" if c.winner is None else (
             "the registered one" if c.winner["path"] == c.registered else c.winner["path"])
@@ -112,6 +127,8 @@ def summary_lines(choices: dict[int, PointChoice]) -> list[str]:
         if c.registered and c.registered_time is None:
             registered += f" ({c.registered_status})"
         ratio = "-" if c.speedup is None else f"{c.speedup:.2f}x"
+        clear = "-" if c.winner is None or c.winner["path"] == c.registered else (
+            "yes" if c.chosen == c.winner["path"] else "no: within the spread, registered kept")
         lines.append(f"| {key} | {registered} | {_time(c.registered_time)} | {winner} | {_time(c.winner)} | {ratio} "
-                     f"| {c.counts['ok']} / {c.counts['wrong']} / {c.counts['error']} |")
+                     f"| {clear} | {c.counts['ok']} / {c.counts['wrong']} / {c.counts['error']} |")
     return lines

@@ -106,7 +106,7 @@ def config_sweep_section(rows: list[Measurement], prefer_graph: bool, ranked_by:
         choices = choose(rows, kernel.block, prefer_graph)
         if not choices:
             continue
-        winners = {t: c.winner["path"] for t, c in choices.items() if c.winner}
+        winners = {t: c.chosen for t, c in choices.items() if c.chosen}
         python = pasteable_table(kernel.table, kernel.config_type.__name__, winners) if winners else None
         wrong = [f"- WRONG at T={r.key}: {r.path}: {r.detail}" for r in rows
                  if r.block == kernel.block and r.status == "wrong"]

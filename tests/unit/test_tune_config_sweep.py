@@ -19,7 +19,7 @@ from harness.cli import main
 from harness.tune import config_sweep
 from harness.tune import dims as D
 from harness.tune.ceilings import ceilings_for
-from harness.tune.config_choice import choose, config_expr, pasteable_table
+from harness.tune.config_choice import choose, config_expr, pasteable_table, summary_lines
 from harness.tune.floors import Floor
 from harness.tune.measure import Measurement, Settings
 from harness.tune.prune import Pruner
@@ -106,6 +106,18 @@ def test_the_fastest_correct_config_wins_by_graph_replay_or_by_eager_time_and_a_
     assert by_graph.registered == config_expr(A) and by_graph.registered_time["us"] == 20
     assert by_graph.speedup == pytest.approx(20 / 15) and by_eager.speedup == pytest.approx(1.0)
     assert by_graph.counts == {"ok": 2, "wrong": 1, "error": 1}
+
+
+def test_the_table_takes_a_winner_only_where_it_is_clearly_faster_than_the_registered_config():
+    # timing(): quartiles at 0.95 and 1.05 of the median. B's 19 us: upper quartile 19.95 over A's lower 19.
+    close = choose([row(1, A, 20, registered=True), row(1, B, 19)], "triton_decode_configs", False)[1]
+    assert close.winner["path"] == config_expr(B) and close.chosen == config_expr(A)
+    clear = choose([row(1, A, 20, registered=True), row(1, B, 17)], "triton_decode_configs", False)[1]
+    assert clear.winner["path"] == config_expr(B) and clear.chosen == config_expr(B)
+    assert "within the spread" in "\n".join(summary_lines({1: close}))
+    # Without a correct registered config there is nothing to keep: the winner serves.
+    lost = choose([row(1, A, 20, status="wrong", registered=True), row(1, B, 19.9)], "triton_decode_configs", False)[1]
+    assert lost.chosen == config_expr(B)
 
 
 def test_a_point_where_only_wrong_configs_ran_has_no_winner_and_says_why_the_registered_one_lost():
@@ -238,11 +250,14 @@ def check_report(report_dir: Path, paths: tuple[str, ...]) -> dict:
         for key, choice in result["points"].items():
             here = [r for r in report["rows"] if r["block"] == f"{path}_configs" and r["key"] == int(key)]
             correct = [r for r in here if r["status"] == "ok" and r["err_eager"] <= r["bound"]]
-            fastest = min(correct, key=lambda r: (r[mode] or r["eager"])["median_us"])
+            timed = lambda r: r[mode] or r["eager"]  # noqa: E731
+            fastest = min(correct, key=lambda r: timed(r)["median_us"])
             assert choice["winner"]["path"] == fastest["path"], (path, key)
-            assert [r["path"] for r in here if r["registered"]] == [choice["registered"]]
+            registered = [r for r in here if r["registered"]]
+            assert [r["path"] for r in registered] == [choice["registered"]]
+            kept = registered and registered[0] in correct and timed(fastest)["p75_us"] >= timed(registered[0])["p25_us"]
             table = load_table(result["python"], result["table"])
-            assert config_expr(served(table, int(key))) == fastest["path"]
+            assert config_expr(served(table, int(key))) == (registered[0] if kept else fastest)["path"], (path, key)
     assert "```python" in (report_dir / "tune.md").read_text()
     return report
 
