@@ -165,9 +165,14 @@ def run(a) -> int:
     wrong = [r for r in rows if r.status == "wrong"]
     for r in wrong:
         print(f"WRONG: {r.block} {r.key} {r.path}: {r.detail}", file=sys.stderr)
+    # A sweep point where no candidate ran correctly has nothing to choose from: the run has failed there.
+    unchosen = [f"{path} T={t}" for section in sections for path, result in section.data.items()
+                for t, choice in result["points"].items() if choice["winner"] is None]
+    if unchosen:
+        print(f"NO CORRECT CONFIG at {', '.join(unchosen)}: see the errors in the report", file=sys.stderr)
     if any(isinstance(exc, KeyboardInterrupt) for exc in stopped):
         return 130  # the shell's code for Ctrl-C: what was measured is written, but the run is not complete
-    return 1 if wrong else 0
+    return 1 if wrong or unchosen else 0
 
 
 class Terminated(Exception):

@@ -234,6 +234,23 @@ def test_ctrl_c_keeps_what_the_sweep_measured_in_the_report_and_writes_no_table(
     assert "STAND_IN_CONFIGS" in capsys.readouterr().out, "the table to paste is printed"
 
 
+def failing_at_4_tokens(x, w13, w2, weights, ids, out, config):
+    if x.shape[0] == 4:
+        raise RuntimeError("out of resources: shared memory")  # as a tile too large for the SM fails
+    return stand_in_run(x, w13, w2, weights, ids, out, config)
+
+
+def test_a_point_where_no_candidate_ran_fails_the_command_naming_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(config_sweep, "_kernels", lambda: (dataclasses.replace(STAND_IN, run=failing_at_4_tokens),))
+    monkeypatch.setattr(config_sweep, "why_no_config_sweep", lambda *args: None)
+    code = main(["tune", "moe", "--sweep-configs", "--device", "cpu", "--dims", "tiny", "--moe-tokens", "1,4",
+                 "--reps", "1", "--warmup", "0", "--no-progress", "--report-dir", str(tmp_path)])
+    assert code == 1
+    assert "NO CORRECT CONFIG at sorted T=4" in capsys.readouterr().err
+    points = json.loads((tmp_path / "tune.json").read_text())["config_sweep"]["sorted"]["points"]
+    assert points["1"]["winner"] is not None and points["4"]["winner"] is None
+
+
 def sweep_command(report_dir: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "harness.tune", "moe", "--sweep-configs", "--no-progress", "--report-dir",
             str(report_dir), *extra]
