@@ -159,6 +159,7 @@ def test_an_engine_built_before_the_wrapper_is_slowed_too(clock):
     assert step_time(engine, DECODE, clock) == pytest.approx(1.5 * STEP_S)
 
 
+@pytest.mark.timing  # CPU time against wall time: run alone, where the spin gets its core
 def test_the_spin_keeps_the_core_busy_for_as_long_as_asked(monkeypatch):
     monkeypatch.undo()  # the real clock and spin
     began_cpu, began = time.process_time(), time.perf_counter()

@@ -17,6 +17,7 @@ def record(t0_ns: int, ttft_ms: float, offsets_ms: list[float]) -> RequestRecord
     return r
 
 
+@pytest.mark.timing  # wall-clock bounds of 30 ms and a quiet 20 ms: run alone, not beside the parallel run's load
 def test_a_blocked_loop_is_recorded_late_for_about_as_long_as_it_was_blocked():
     lag = LoopLag()
 
