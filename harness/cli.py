@@ -170,8 +170,8 @@ def _cmd_serve(a) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with server:
-        print(f"ready: {server.base_url}  (Ctrl-C stops it)", flush=True)
-        if not until_signalled(lambda: server.proc is not None and server.proc.poll() is None):
+        announce = lambda: print(f"ready: {server.base_url}  (Ctrl-C stops it)", flush=True)  # noqa: E731
+        if not until_signalled(lambda: server.proc is not None and server.proc.poll() is None, announce):
             server.check_alive()  # raises ServerDied with the log's tail
         print("stopping", file=sys.stderr)
     return 0

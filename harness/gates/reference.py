@@ -228,8 +228,9 @@ def serve_reference_until_stopped(ref: Reference, model_dir: Path | None, work_d
             model_dir = build_tiny_model(work_dir / "tiny-model")
         server = ReferenceServer(worktree, work_dir / "serve", Path(model_dir))
         info = server.start()
-        print(f"reference {ref.commit[:12]} ready: {info.base_url}  (Ctrl-C stops it)", flush=True)
-        return 0 if until_signalled(lambda: server.proc is not None and server.proc.poll() is None) else 1
+        announce = lambda: print(f"reference {ref.commit[:12]} ready: {info.base_url}  (Ctrl-C stops it)",  # noqa: E731
+                                 flush=True)
+        return 0 if until_signalled(lambda: server.proc is not None and server.proc.poll() is None, announce) else 1
     except KeyboardInterrupt:
         return 0
     finally:

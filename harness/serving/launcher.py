@@ -276,13 +276,16 @@ class ManagedServer:
         self.stop()
 
 
-def until_signalled(alive: Callable[[], bool]) -> bool:
+def until_signalled(alive: Callable[[], bool], announce: Callable[[], None] = lambda: None) -> bool:
     """Serve in the foreground: True once SIGINT or SIGTERM came, False as soon as `alive()` (asked every second)
     is false. A signal only sets an event: an exception raised at an arbitrary point, as a KeyboardInterrupt
-    inside Popen.poll between taking its lock and the try that releases it, could leave stop() unable to reap."""
+    inside Popen.poll between taking its lock and the try that releases it, could leave stop() unable to reap.
+    `announce` (the "ready" line) runs once the handlers are in place: whoever reads it and signals at once
+    reaches them, not the start's handlers (a fresh-clone run's serve test did, and saw exit 130)."""
     stop_asked = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop_asked.set())
+    announce()
     while not stop_asked.wait(1):
         if not alive():
             return False

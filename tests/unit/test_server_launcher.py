@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,7 +15,7 @@ import pytest
 
 from harness.serving import shared_server
 from harness.errors import ServerDied
-from harness.serving.launcher import ManagedServer, ServerConfig, build_command, terminate_tree
+from harness.serving.launcher import ManagedServer, ServerConfig, build_command, terminate_tree, until_signalled
 
 FAKE = str(Path(__file__).with_name("fake_openai_server.py"))
 
@@ -134,3 +136,23 @@ def test_server_is_ended_when_its_owner_is_killed(tmp_path):
         time.sleep(0.2)
     assert not [q for q in procs if q.is_running() and q.status() != psutil.STATUS_ZOMBIE]
 
+
+
+def test_a_signal_right_after_the_ready_line_reaches_the_serving_handlers():
+    # As `qwen36 serve` starts: SIGTERM raises until the server is up. A client that reads "ready" and signals at
+    # once must meet until_signalled's handlers, which only ask it to return.
+    def raising(*_):
+        raise KeyboardInterrupt
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGTERM, raising)
+    try:
+        began = time.monotonic()
+        try:
+            asked = until_signalled(lambda: True, announce=lambda: os.kill(os.getpid(), signal.SIGTERM))
+        except KeyboardInterrupt:
+            pytest.fail("the SIGTERM sent on the ready line met the start's handler, not until_signalled's")
+        assert asked is True and time.monotonic() - began < 5
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
