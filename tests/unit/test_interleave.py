@@ -35,9 +35,10 @@ def test_rounds_alternate_the_arms_and_each_arm_keeps_a_repeat_per_round(tmp_pat
 def test_one_server_as_two_arms_waits_no_quiet_gap_between_them(tmp_path):
     with SyntheticServer({"m": normal_stream(0.01, 0.002, 4)}) as a:
         run = interleave([Arm("A", info(a, "m")), Arm("A-again", info(a, "m"))], WORKLOAD, 2, tmp_path, "t",
-                         quiet_s=2.0)
+                         quiet_s=10.0)
     blocks = json.loads((run.path / "rounds.json").read_text())["blocks"]
-    assert blocks[-1]["started"] - blocks[0]["started"] < 2.0  # no 2 s gap anywhere
+    # No 10 s gap anywhere; the blocks themselves take well under a second, even beside the parallel run's load.
+    assert blocks[-1]["started"] - blocks[0]["started"] < 10.0
 
 
 def test_a_server_that_answers_nothing_stops_the_run_and_keeps_what_was_measured(tmp_path):
