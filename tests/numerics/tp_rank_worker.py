@@ -1,6 +1,6 @@
 """One rank of the real tensor-parallel check: `python -m tests.numerics.tp_rank_worker --out FILE`.
 
-Launched once per GPU by tests/numerics/test_tp_nccl.py with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+Launched once per rank by tests/numerics/test_tp_distributed.py with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
 (`--backend gloo --dims small` runs the same code on CPU processes, which CI does).
 Every rank builds the same full weights (seeded, checked by comparing checksums across ranks), computes its
 shard with the `model.tp` slicing rules, and all-reduces the partial outputs with NCCL in the activation

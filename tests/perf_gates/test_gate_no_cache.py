@@ -5,7 +5,7 @@ A hit rate is the server's count of cached prompt tokens, which the machine's lo
 about 94% with the cache, 0% without), so this test is not `timing`: it runs in `make test`'s parallel run, and
 gates only the hit rate; the timing metrics it measures carry the parallel run's load. The no-cache server wants an
 API key (vLLM's --api-key, as a deployment may): its requests carry the session's key, which is also what
-tests/perf_gates/test_api_key.py checks.
+tests/bench/test_api_key_server.py checks.
 """
 from __future__ import annotations
 

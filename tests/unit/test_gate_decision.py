@@ -174,9 +174,9 @@ def test_a_gate_of_five_metrics_keeps_its_family_false_alarm_rate_under_five_per
 
 
 # ---- What the gate really runs -------------------------------------------------------------------------------
-# Repeat counts (baseline / candidate) of the three ways the gate is used: tests/perf_gates/test_gate_tiny_server.py
-# interleaves 4 and 4 runs; a committed baseline has 5 repeats and CI gates 3 against it; the live gate runs
-# --gate-repeats 3 against the imported single-run BI-V100 baseline.
+# Repeat counts (baseline / candidate) of the three ways the gate has been used: an in-session recording
+# interleaved 4 and 4 runs (until the paired gates replaced it); a committed baseline has 5 repeats and 3 are
+# gated against it; the live gate runs --gate-repeats 3 against the imported single-run BI-V100 baseline.
 REAL_CASES = {"in-session": (4, 4), "committed baseline": (5, 3), "live": (1, 3)}
 GATE_CHECKS = 10  # 2 points x 5 gated metrics
 GATE_ALPHA = FAMILY_ALPHA / GATE_CHECKS  # Bonferroni, as gate() splits it: 0.005 per check
