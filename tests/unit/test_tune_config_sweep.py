@@ -214,17 +214,27 @@ def test_on_a_cpu_the_sweep_refuses_with_why_and_what_to_run(target, tmp_path, c
     assert not (tmp_path / "report").exists(), "a refused run writes nothing"
 
 
-def interrupted_at_4_tokens(x, w13, w2, weights, ids, out, config):
-    if x.shape[0] == 4:
-        raise KeyboardInterrupt  # what Ctrl-C raises in the middle of a call
-    return stand_in_run(x, w13, w2, weights, ids, out, config)
+def raising_at_4_tokens(exc: BaseException):
+    """The stand-in kernel, which raises `exc` at T=4 (Ctrl-C, or a launch that fails there)."""
+    def run(x, w13, w2, weights, ids, out, config):
+        if x.shape[0] == 4:
+            raise exc
+        return stand_in_run(x, w13, w2, weights, ids, out, config)
+
+    return run
+
+
+def stand_in_sweep_command(monkeypatch, run, tokens: str, report_dir: Path) -> int:
+    """`qwen36 tune moe --sweep-configs` on a CPU with the stand-in kernel running as `run`."""
+    monkeypatch.setattr(config_sweep, "_kernels", lambda: (dataclasses.replace(STAND_IN, run=run),))
+    monkeypatch.setattr(config_sweep, "why_no_config_sweep", lambda *args: None)
+    return main(["tune", "moe", "--sweep-configs", "--device", "cpu", "--dims", "tiny", "--moe-tokens", tokens,
+                 "--reps", "1", "--warmup", "0", "--no-progress", "--report-dir", str(report_dir)])
 
 
 def test_ctrl_c_keeps_what_the_sweep_measured_in_the_report_and_writes_no_table(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(config_sweep, "_kernels", lambda: (dataclasses.replace(STAND_IN, run=interrupted_at_4_tokens),))
-    monkeypatch.setattr(config_sweep, "why_no_config_sweep", lambda *args: None)
-    code = main(["tune", "moe", "--sweep-configs", "--device", "cpu", "--dims", "tiny", "--moe-tokens", "1,4,8",
-                 "--reps", "1", "--warmup", "0", "--no-progress", "--report-dir", str(tmp_path)])
+    # KeyboardInterrupt is what Ctrl-C raises in the middle of a call.
+    code = stand_in_sweep_command(monkeypatch, raising_at_4_tokens(KeyboardInterrupt()), "1,4,8", tmp_path)
     assert code == 130
     report = json.loads((tmp_path / "tune.json").read_text())
     assert {r["key"] for r in report["rows"]} == {1}, "T=1 measured and kept; nothing after the interrupt"
@@ -234,17 +244,10 @@ def test_ctrl_c_keeps_what_the_sweep_measured_in_the_report_and_writes_no_table(
     assert "STAND_IN_CONFIGS" in capsys.readouterr().out, "the table to paste is printed"
 
 
-def failing_at_4_tokens(x, w13, w2, weights, ids, out, config):
-    if x.shape[0] == 4:
-        raise RuntimeError("out of resources: shared memory")  # as a tile too large for the SM fails
-    return stand_in_run(x, w13, w2, weights, ids, out, config)
-
-
 def test_a_point_where_no_candidate_ran_fails_the_command_naming_it(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(config_sweep, "_kernels", lambda: (dataclasses.replace(STAND_IN, run=failing_at_4_tokens),))
-    monkeypatch.setattr(config_sweep, "why_no_config_sweep", lambda *args: None)
-    code = main(["tune", "moe", "--sweep-configs", "--device", "cpu", "--dims", "tiny", "--moe-tokens", "1,4",
-                 "--reps", "1", "--warmup", "0", "--no-progress", "--report-dir", str(tmp_path)])
+    # As a tile too large for the SM fails.
+    failing = raising_at_4_tokens(RuntimeError("out of resources: shared memory"))
+    code = stand_in_sweep_command(monkeypatch, failing, "1,4", tmp_path)
     assert code == 1
     assert "NO CORRECT CONFIG at sorted T=4" in capsys.readouterr().err
     points = json.loads((tmp_path / "tune.json").read_text())["config_sweep"]["sorted"]["points"]
