@@ -203,6 +203,7 @@ def _cmd_bench(a) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    args.invocation = ["qwen36", *(sys.argv[1:] if argv is None else argv)]  # as typed, for reports and records
     handlers = {"tiny-model": _cmd_tiny_model, "serve": _cmd_serve, "bench": _cmd_bench,
                 "patches": _cmd_patches, "presubmit": _cmd_presubmit}
     try:

@@ -14,11 +14,13 @@ nvidia-h200.json). With no table for the device, or none on a CPU unless named e
 keep their knob-driven choice, so CPU behaviour is unchanged. A table applies only to inputs of the dtype it
 was measured in, and an entry naming a path that cannot run the input falls back to the knobs too.
 
-File format (schema "qwen36-dispatch/1"):
-    {"schema": "qwen36-dispatch/1", "device": "NVIDIA H200", "dtype": "bfloat16", "recorded": {...},
+File format (schema "qwen36-dispatch/2"; "qwen36-dispatch/1" files, written before 2026-12-04, read the same):
+    {"schema": "qwen36-dispatch/2", "device": "NVIDIA H200", "dtype": "bfloat16", "recorded": {...},
      "blocks": {"moe_experts": {"keyed_by": "tokens", "ranges": [{"from": 1, "to": 1, "path": "decode_fused"},
                                                                   {"from": 2, "to": null, "path": "..."}]}, ...}}
-`to: null` leaves the range open above. Extra keys (timings, notes) are kept for readers and ignored here.
+`to: null` leaves the range open above. Extra keys are kept for readers and ignored here: schema 2 adds
+`timings`, every path's eager and graph time at every point, sweep by sweep and run by run, which the GPU perf
+gate (harness/tune/gate.py, `qwen36 tune --check`) compares against; schema 1 has none.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ __all__ = [
     "CHECKOUT_TABLE_DIR",
     "DispatchTable",
     "DispatchTableError",
+    "READABLE_SCHEMAS",
     "TableChoice",
     "TokenRange",
     "choose_table",
@@ -50,7 +53,8 @@ __all__ = [
     "table_path_for",
 ]
 
-SCHEMA = "qwen36-dispatch/1"
+SCHEMA = "qwen36-dispatch/2"
+READABLE_SCHEMAS = ("qwen36-dispatch/1", SCHEMA)  # 1: the same ranges, without `timings`
 TABLE_ENV = "QWEN36_DISPATCH_TABLE"
 DIR_ENV = "QWEN36_DISPATCH_DIR"
 CHECKOUT_TABLE_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "dispatch"
@@ -126,9 +130,9 @@ def load_dispatch_table(path: str | Path) -> DispatchTable:
     except json.JSONDecodeError as exc:
         raise DispatchTableError(f"dispatch table {path} is not JSON ({exc}); rewrite it with `qwen36 tune`") from None
     source = str(path)
-    if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
+    if not isinstance(raw, dict) or raw.get("schema") not in READABLE_SCHEMAS:
         raise DispatchTableError(f"{source}: schema is {raw.get('schema') if isinstance(raw, dict) else None!r}, "
-                                 f"expected {SCHEMA!r}; rewrite it with `qwen36 tune`")
+                                 f"expected one of {READABLE_SCHEMAS}; rewrite it with `qwen36 tune`")
     blocks = raw.get("blocks")
     if not isinstance(blocks, dict):
         raise DispatchTableError(f"{source}: `blocks` must map block names to ranges")

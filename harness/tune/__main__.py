@@ -2,7 +2,7 @@
 import argparse
 import sys
 
-from harness.tune.args import add_arguments
+from harness.tune.args import add_arguments, run_command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -10,10 +10,8 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(p)
     argv = sys.argv[1:] if argv is None else argv
     a = p.parse_args(argv)
-    a.command = ["python", "-m", "harness.tune", *argv]
-    from harness.tune.cli import run  # after parsing: --help answers without loading torch
-
-    return run(a)
+    a.invocation = ["python", "-m", "harness.tune", *argv]
+    return run_command(a)  # imports torch only now: --help answers without it
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-__all__ = ["add_arguments", "add_parser"]
+__all__ = ["add_arguments", "add_parser", "run_command"]
 
 FLUSH_MB = 256
 
@@ -17,6 +17,16 @@ def _ints(text: str) -> tuple[int, ...]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated positive integers like 1,8,64")
     return values
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
+    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="default: 1,8,64,256")
     p.add_argument("--no-layer", action="store_true", help="gdn: skip the layer's stage-by-stage timing")
     p.add_argument("--reps", type=int, default=20, help="timed samples per path and point (median reported)")
+    p.add_argument("--sweeps", type=_positive, default=3,
+                   help="passes over every point (each a median of --reps samples); the table keeps every pass, "
+                        "and the GPU perf gate sizes each point's tolerance from how far they differ")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls first (compilation, autotuning)")
     p.add_argument("--no-graph", action="store_true", help="eager timing only (CUDA graphs are never used on a CPU)")
     p.add_argument("--select-by", choices=("auto", "graph", "eager"), default="auto",
@@ -60,6 +73,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "configs per token count (harness/tune/config_space.py) and report the fastest correct "
                         "one next to the registered one, with the table to paste into model/moe/triton_*.py; "
                         "writes no dispatch table")
+    g = p.add_argument_group("GPU perf gate (docs/tuning.md): check this device against its table's timings")
+    g.add_argument("--check", action="store_true",
+                   help="the routine gate: re-time each path the table dispatches, the MoE block and the GDN layer "
+                        "(--sweeps passes, as recorded) and fail on a point slower beyond its tolerance")
+    g.add_argument("--check-stale", action="store_true",
+                   help="the full check: the routine gate plus every available path at every dispatch point; "
+                        "fails where another path beats the table's choice beyond the tolerance")
+    g.add_argument("--table", type=Path, default=None,
+                   help="the table to check against (default: this device's in the checkout's fixtures/dispatch)")
+    g.add_argument("--add-run", action="store_true",
+                   help="add this check's times to the table's timings as another run, whatever the timing "
+                        "verdict (not after wrong outputs), and commit the table: run on the commit that recorded "
+                        "it, on another machine or day, so each point's tolerance covers how far it moves between "
+                        "machines")
+    g.add_argument("--add-run-from", type=Path, default=None, metavar="CHECK_JSON",
+                   help="add the run of an earlier check's report (runs/tune/...-check-.../check.json) to the "
+                        "table's timings, as --add-run would have, without measuring again (--table: which table)")
+    g.add_argument("--ab", type=Path, default=None, metavar="REF_DIR",
+                   help="same-run A/B: time the model package of REF_DIR (a git worktree or a plain copy of a "
+                        "reference checkout) interleaved with this checkout's, at the routine gate's points, and "
+                        "fail where this checkout is slower beyond the tolerance in every sweep; for a box whose "
+                        "clocks differ from the recording's")
+    g.add_argument("--inject-delay", action="append", metavar="PATH=US",
+                   help="test-only: make a registered path wait US microseconds before every call (GPU: a "
+                        "sleep kernel; CPU: a spin), to show what the gate catches; repeatable")
     p.add_argument("--compile-workers", type=int, default=8,
                    help="--sweep-configs on a GPU: processes that compile the candidates in parallel first "
                         "(Triton's disk cache keeps them for the sweep); 0 or 1: each compiles as it is first timed")
@@ -69,10 +107,23 @@ def add_parser(sub) -> None:
     t = sub.add_parser("tune", help="time every MoE expert path and GDN rule path on this device; write its "
                                     "dispatch table and a report")
     add_arguments(t)
-    t.set_defaults(handler=_run)
+    t.set_defaults(handler=run_command)
 
 
-def _run(a) -> int:
-    from .cli import run  # torch and the model load only when the command runs
+def run_command(a) -> int:
+    """Route parsed `tune` arguments to the A/B, the gate or the recording."""
+    if a.add_run_from is not None:
+        from .add_run import add_reported_run
+
+        return add_reported_run(a.add_run_from, a.table)
+    if a.ab is not None:
+        from .ab import run_ab_command  # torch and the model load only when the command runs
+
+        return run_ab_command(a)
+    if a.check or a.check_stale:
+        from .check import run_check  # torch and the model load only when the command runs
+
+        return run_check(a)
+    from .cli import run
 
     return run(a)

@@ -20,10 +20,12 @@ from .measure import Settings
 from .moe import sweep_moe_block, sweep_moe_experts, unavailable_expert_paths
 from .progress import Progress
 from .prune import Pruner
+from .record import new_timings, run_meta
 from .report import format_rows, layer_breakdown, write_report
+from .sweeps import merge_sweeps
 from .table import build_table, winners, write_table
 from .targets import judge_targets
-from .timing import L2Flusher, graphs_supported
+from .timing import L2Flusher, device_identity, graphs_supported, warm_device
 
 __all__ = ["run"]
 
@@ -60,7 +62,9 @@ def run(a) -> int:
     decode = a.gdn_decode_batches or D.GDN_DECODE_BATCHES
     layer_points = () if a.no_layer else (LAYER_POINTS if real else TINY_LAYER_POINTS)
     do_gdn, do_moe = a.target in ("all", "gdn"), a.target in ("all", "moe")
-    steps = (len(prefill) + len(decode) + len(layer_points)) * do_gdn + (len(moe_tokens) + len(block_tokens)) * do_moe
+    sweeps = 1 if a.sweep_configs else a.sweeps  # a config sweep ranks configs, not paths: one pass
+    steps = sweeps * ((len(prefill) + len(decode) + len(layer_points)) * do_gdn
+                      + (len(moe_tokens) + len(block_tokens)) * do_moe)
     if a.sweep_configs:
         from . import config_sweep
 
@@ -70,7 +74,7 @@ def run(a) -> int:
             return 2
         steps = config_sweep.config_sweep_steps(moe_tokens, s, a.compile_workers)
     progress = Progress(steps, enabled=not a.no_progress, unit="config" if a.sweep_configs else "point")
-    command = shlex.join(getattr(a, "command", None) or ["qwen36", *sys.argv[1:]])
+    command = shlex.join(getattr(a, "invocation", None) or ["qwen36", *sys.argv[1:]])
     meta = {
         "device": name, "device_stem": stem, "date": today, "command": command, "torch": torch.__version__,
         "triton": _triton_version(), "dtype": str(dtype).removeprefix("torch."), "dims": dims.as_dict(),
@@ -82,7 +86,8 @@ def run(a) -> int:
         "graphs": graphs, "ranked_by": "graph replay where captured, else eager" if prefer_graph else "eager",
     }
     recorded = {"date": today, "command": meta["command"], "torch": torch.__version__, "dims": dims.name,
-                "reps": a.reps}
+                "reps": a.reps, "warmup": a.warmup, "flush_mb": a.flush_mb, "sweeps": sweeps}
+    meta["sweeps"] = sweeps
     rows, notes = [], []
     # GDN paths are all timed everywhere (the project's against fla's is the question); MoE sweeps prune.
     gdn_pruner, moe_pruner = Pruner(float("inf"), prefer_graph), Pruner(a.prune_factor, prefer_graph)
@@ -91,17 +96,22 @@ def run(a) -> int:
 
     def finish_phase():
         nonlocal table, sections
-        verdicts = judge_targets(rows) if real else []
+        # One row per point and path: the median of its sweeps, each sweep kept. A config sweep is one pass.
+        merged = rows if a.sweep_configs else merge_sweeps(rows)
+        verdicts = judge_targets(merged) if real else []
         # A config sweep measures configs that do not serve yet, not paths: the dispatch table stays as it is.
         if not a.no_table and not a.sweep_configs:
-            table = build_table(rows, name, meta["dtype"], prefer_graph, recorded)
+            timings = new_timings(merged, f"{meta['timing']}; each value one sweep's median",
+                                  run_meta(0, today, command, sweeps, torch=torch.__version__, triton=meta["triton"],
+                                           **device_identity(device)))
+            table = build_table(merged, name, meta["dtype"], prefer_graph, recorded, timings)
             path = write_table(table, table_dir / table_file_name(name))
             meta["table_path"] = str(path)
         if a.sweep_configs:
-            sections = [config_sweep.config_sweep_section(rows, prefer_graph, meta["ranked_by"])]
+            sections = [config_sweep.config_sweep_section(merged, prefer_graph, meta["ranked_by"])]
         pruners = (gdn_pruner, moe_pruner, *config_pruners.values())
         dropped = [why for p in pruners for _, why in p.dropped.values()]
-        write_report(report_dir, meta, rows, table, verdicts, notes + dropped, sections)
+        write_report(report_dir, meta, merged, table, verdicts, notes + dropped, sections)
         return verdicts
 
     stopped = []
@@ -124,17 +134,22 @@ def run(a) -> int:
     signal.signal(signal.SIGTERM, _raise_terminated)
 
     verdicts = []
+    passes = range(1, sweeps + 1)
     try:
+        warm_device(device)
         if do_gdn:
             notes.extend(f"GDN path {n} unavailable: {why}" for n, why in unavailable_rule_paths(s).items())
             notes.append("recurrent_reference (the float64 definition) is the check, not a candidate")
-            verdicts = phase("gdn rule sweep", lambda: sweep_gdn(dims.gdn, prefill, decode, s, ceilings, gdn_pruner,
-                                                                 progress.tick, rows))
+            for i in passes:
+                verdicts = phase(f"gdn rule sweep {i}/{sweeps}", lambda: sweep_gdn(
+                    dims.gdn, prefill, decode, s, ceilings, gdn_pruner, progress.tick, rows))
             if layer_points:
-                best = {"gdn_prefill": winners(rows, "gdn_prefill", prefer_graph),
-                        "gdn_decode": winners(rows, "gdn_decode", prefer_graph)}
-                verdicts = phase("gdn layer", lambda: time_gdn_layer(
-                    dims.gdn, s, lambda b, t: _layer_rule(best, b, t), progress.tick, layer_points, rows))
+                merged = merge_sweeps(rows)
+                best = {"gdn_prefill": winners(merged, "gdn_prefill", prefer_graph),
+                        "gdn_decode": winners(merged, "gdn_decode", prefer_graph)}
+                for i in passes:
+                    verdicts = phase(f"gdn layer {i}/{sweeps}", lambda: time_gdn_layer(
+                        dims.gdn, s, lambda b, t: _layer_rule(best, b, t), progress.tick, layer_points, rows))
         if a.sweep_configs:
             verdicts = phase("moe config sweep", lambda: config_sweep.sweep_configs(
                 dims.moe, moe_tokens, s, ceilings, config_pruners, progress.tick, rows, notes, a.compile_workers))
@@ -144,13 +159,16 @@ def run(a) -> int:
             from .inputs import moe_weights
 
             w = moe_weights(dims.moe, dtype, device)
-            verdicts = phase("moe experts sweep", lambda: sweep_moe_experts(dims.moe, moe_tokens, s, ceilings,
-                                                                            moe_pruner, progress.tick, w, rows))
-            verdicts = phase("moe block sweep", lambda: sweep_moe_block(dims.moe, block_tokens, s, ceilings,
-                                                                        moe_pruner, progress.tick, w, rows))
+            for i in passes:
+                verdicts = phase(f"moe experts sweep {i}/{sweeps}", lambda: sweep_moe_experts(
+                    dims.moe, moe_tokens, s, ceilings, moe_pruner, progress.tick, w, rows))
+            for i in passes:
+                verdicts = phase(f"moe block sweep {i}/{sweeps}", lambda: sweep_moe_block(
+                    dims.moe, block_tokens, s, ceilings, moe_pruner, progress.tick, w, rows))
             del w
     finally:
         progress.close()
+    rows = rows if a.sweep_configs else merge_sweeps(rows)
     if not a.sweep_configs:  # a config sweep's candidates are too many for the console: the report lists them
         for block in dict.fromkeys(r.block for r in rows):
             print(format_rows(rows, block) + "\n")

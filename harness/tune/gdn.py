@@ -3,7 +3,7 @@ one decode step (T = 1, B sequences), each from a random float32 state, checked 
 initial state left alone) against the float64 recurrent reference on the same inputs upcast."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Collection
 
 import torch
 
@@ -36,8 +36,9 @@ def _tolerance(name: str, s: Settings) -> float | None:
 
 
 def _point(block: str, batch: int, tokens: int, d: GDNDims, s: Settings, ceilings: Ceilings, pruner: Pruner,
-           seed: int, out_rows: list[Measurement]) -> None:
+           seed: int, out_rows: list[Measurement], paths_at=None) -> None:
     key = batch if block == "gdn_decode" else tokens
+    only = paths_at(block, key) if paths_at else None
     q, k, v, g, beta, state = gdn_rule_inputs(batch, tokens, d, s.dtype, s.device, seed)
     ref_out, ref_state = run_gdn_rule(GDN_RULE_PATHS.reference.name, q.double(), k.double(), v.double(), g.double(),
                                       beta.double(), state.double())
@@ -46,6 +47,8 @@ def _point(block: str, batch: int, tokens: int, d: GDNDims, s: Settings, ceiling
     rows = []
     for path in GDN_RULE_PATHS.candidates():
         name = path.name
+        if only is not None and name not in only:
+            continue
         if not pruner.keeps(name, key) or not path.supports(tokens, s.dtype, s.device):
             continue
         m = Measurement(block, key, name, "error", floor=floor, bound=_tolerance(name, s),
@@ -75,15 +78,17 @@ def _point(block: str, batch: int, tokens: int, d: GDNDims, s: Settings, ceiling
 
 
 def sweep_gdn(d: GDNDims, prefill_tokens, decode_batches, s: Settings, ceilings: Ceilings, pruner: Pruner,
-              tick: Callable[[str], None], rows: list[Measurement] | None = None) -> list[Measurement]:
-    """Appends to `rows` as it goes (a sweep stopped half way keeps what it measured)."""
+              tick: Callable[[str], None], rows: list[Measurement] | None = None,
+              paths_at: Callable[[str, int], "Collection[str] | None"] | None = None) -> list[Measurement]:
+    """Appends to `rows` as it goes (a sweep stopped half way keeps what it measured). `paths_at(block, key)`
+    names the paths to time at a point (None: every candidate)."""
     rows = [] if rows is None else rows
     for tokens in prefill_tokens:
         tick(f"gdn prefill T={tokens}")
-        _point("gdn_prefill", 1, tokens, d, s, ceilings, pruner, tokens, rows)
+        _point("gdn_prefill", 1, tokens, d, s, ceilings, pruner, tokens, rows, paths_at)
     decode_pruner = Pruner(pruner.factor, pruner.prefer_graph)  # decode is its own race
     for batch in decode_batches:
         tick(f"gdn decode B={batch}")
-        _point("gdn_decode", batch, 1, d, s, ceilings, decode_pruner, 50_000 + batch, rows)
+        _point("gdn_decode", batch, 1, d, s, ceilings, decode_pruner, 50_000 + batch, rows, paths_at)
     pruner.dropped.update({f"{p} (decode)": why for p, why in decode_pruner.dropped.items()})  # for the report
     return rows

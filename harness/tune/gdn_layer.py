@@ -59,8 +59,10 @@ def _stage_calls(x, w, state, rule: str) -> dict[str, Callable[[], object]]:
 
 
 def time_gdn_layer(d: GDNDims, s: Settings, rule_for: Callable[[int, int], str], tick: Callable[[str], None],
-                   points=LAYER_POINTS, rows: list[Measurement] | None = None) -> list[Measurement]:
-    """Appends to `rows` as it goes (a sweep stopped half way keeps what it measured)."""
+                   points=LAYER_POINTS, rows: list[Measurement] | None = None,
+                   stages: tuple[str, ...] = STAGES) -> list[Measurement]:
+    """Appends to `rows` as it goes (a sweep stopped half way keeps what it measured); `stages` picks what is
+    timed (the perf gate times only the whole `layer`)."""
     w = gdn_weights(d, s.dtype, s.device)
     w64 = w.to(torch.float64)
     bound = tolerances.GDN_LAYER.get(s.dtype)
@@ -76,6 +78,8 @@ def time_gdn_layer(d: GDNDims, s: Settings, rule_for: Callable[[int, int], str],
         ref, _ = gdn_layer(x.double(), w64, state64, rule="recurrent_reference", conv="reference", norm="reference")
         del state64
         for stage, call in _stage_calls(x, w, state, rule).items():
+            if stage not in stages:
+                continue
             m = Measurement(block, key, stage, "error", extra={"batch": batch, "tokens": tokens, "rule": rule})
             if stage == "layer":
                 m.bound = bound if bound is not None else float("inf")

@@ -3,7 +3,7 @@ and the whole block (router, routed experts on each path, sigmoid-gated shared e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Collection
 
 import torch
 import torch.nn.functional as F
@@ -27,8 +27,16 @@ def unavailable_expert_paths(s: Settings) -> dict[str, str]:
             if not any(p.supports(t, s.dtype, s.device) for t in (p.min_tokens, 1, 64))}
 
 
-def _candidates(tokens: int, s: Settings, pruner: Pruner):
+# A sweep's filter: tokens -> the path names to time there (None: every candidate), e.g. the table's own path
+# for the GPU perf gate's routine check.
+PathsAt = Callable[[int], "Collection[str] | None"]
+
+
+def _candidates(tokens: int, s: Settings, pruner: Pruner, paths_at: PathsAt | None = None):
+    only = paths_at(tokens) if paths_at else None
     for path in EXPERT_PATHS.candidates():
+        if only is not None and path.name not in only:
+            continue
         if pruner.keeps(path.name, tokens) and path.supports(tokens, s.dtype, s.device):
             yield path.name, path
 
@@ -80,7 +88,7 @@ def measure_expert_fn(block: str, name: str, bound_of: str, fn: Callable, p: Exp
 
 def sweep_moe_experts(d: MoEDims, tokens_list, s: Settings, ceilings: Ceilings, pruner: Pruner,
                       tick: Callable[[str], None], w: MoEWeights | None = None,
-                      rows: list[Measurement] | None = None) -> list[Measurement]:
+                      rows: list[Measurement] | None = None, paths_at: PathsAt | None = None) -> list[Measurement]:
     """Appends to `rows` as it goes (a sweep stopped half way keeps what it measured)."""
     w = w or moe_weights(d, s.dtype, s.device)
     rows = [] if rows is None else rows
@@ -88,7 +96,7 @@ def sweep_moe_experts(d: MoEDims, tokens_list, s: Settings, ceilings: Ceilings, 
         tick(f"moe T={tokens}")
         p = expert_point(d, tokens, s, ceilings, w)
         here = []
-        for name, path in _candidates(tokens, s, pruner):
+        for name, path in _candidates(tokens, s, pruner, paths_at):
             here.append(measure_expert_fn("moe_experts", name, name, path.fn, p, w, s))
             rows.append(here[-1])
         pruner.update(here)
@@ -97,7 +105,7 @@ def sweep_moe_experts(d: MoEDims, tokens_list, s: Settings, ceilings: Ceilings, 
 
 def sweep_moe_block(d: MoEDims, tokens_list, s: Settings, ceilings: Ceilings, pruner: Pruner,
                     tick: Callable[[str], None], w: MoEWeights | None = None,
-                    rows: list[Measurement] | None = None) -> list[Measurement]:
+                    rows: list[Measurement] | None = None, paths_at: PathsAt | None = None) -> list[Measurement]:
     """The block as model.moe.moe_block computes it (topk_softmax router), the routed experts forced onto each
     path in turn, against the float64 block routed by the same low-precision logits. Paths the experts
     sweep dropped below a token count are not timed above it here either."""
@@ -115,7 +123,7 @@ def sweep_moe_block(d: MoEDims, tokens_list, s: Settings, ceilings: Ceilings, pr
         del shared_ref
         distinct = int(routing[1].unique().numel())
         floor = floor_of(moe_block_work(tokens, distinct, d, x.element_size()), ceilings)
-        for name, path in _candidates(tokens, s, pruner):
+        for name, path in _candidates(tokens, s, pruner, paths_at):
             m = Measurement("moe_block", tokens, name, "error", floor=floor, bound=_tolerance("block", s),
                             extra={"distinct_experts": distinct})
             routed = torch.empty(x.shape, dtype=s.dtype, device=s.device)

@@ -17,6 +17,7 @@ from model.gdn import GDN_RULE_PATHS
 from model.moe import EXPERT_PATHS
 
 from .measure import Measurement
+from .record import keep_blocks
 
 __all__ = ["ranked", "winners", "build_table", "write_table"]
 
@@ -74,7 +75,9 @@ def _ranges(block: str, points: dict[int, tuple[list[dict], str]]) -> list[dict]
     return ranges
 
 
-def build_table(rows: list[Measurement], device: str, dtype: str, prefer_graph: bool, recorded: dict) -> dict:
+def build_table(rows: list[Measurement], device: str, dtype: str, prefer_graph: bool, recorded: dict,
+                timings: dict | None = None) -> dict:
+    """The table from (sweep-merged) rows; `timings` (harness/tune/record.py) is stored beside the ranges."""
     blocks = {}
     for block in BLOCKS:
         points = {k: (v, block) for k, v in ranked(rows, block, prefer_graph).items()}
@@ -82,20 +85,27 @@ def build_table(rows: list[Measurement], device: str, dtype: str, prefer_graph: 
             points.update({k: (v, "moe_block") for k, v in ranked(rows, "moe_block", prefer_graph).items()})
         if points:
             blocks[block] = {"keyed_by": BLOCKS[block], "recorded": recorded.get("date"), "ranges": _ranges(block, points)}
-    return {"schema": SCHEMA, "device": device, "dtype": dtype,
-            "ranked_by": "graph replay where captured, else eager" if prefer_graph else "eager",
-            "recorded": recorded, "blocks": blocks}
+    table = {"schema": SCHEMA, "device": device, "dtype": dtype,
+             "ranked_by": "graph replay where captured, else eager" if prefer_graph else "eager",
+             "recorded": recorded, "blocks": blocks}
+    if timings is not None:
+        table["timings"] = timings
+    return table
 
 
 def write_table(table: dict, path: Path) -> Path:
-    """Write the table; blocks this run did not measure are kept from an existing table of the same dtype
-    (`qwen36 tune gdn` must not erase the MoE entries)."""
+    """Write the table; blocks (and their timings) this run did not measure are kept from an existing table of
+    the same dtype (`qwen36 tune gdn` must not erase the MoE entries)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_file():
         old = load_dispatch_table(path)  # refuses a broken file rather than overwriting it blindly
         if old.dtype == table["dtype"]:
-            kept = {b: r for b, r in json.loads(path.read_text())["blocks"].items() if b not in table["blocks"]}
+            raw = json.loads(path.read_text())
+            kept = {b: r for b, r in raw["blocks"].items() if b not in table["blocks"]}
             table = dict(table, blocks={**kept, **table["blocks"]})
+            if "timings" in table:
+                measured = {p["block"] for p in table["timings"]["points"]}
+                table["timings"] = keep_blocks(raw.get("timings"), table["timings"], measured)
     path.write_text(json.dumps(table, indent=2) + "\n")
     load_dispatch_table(path)  # what the dispatchers will read must load
     return path

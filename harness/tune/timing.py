@@ -14,7 +14,8 @@ from typing import Callable
 
 import torch
 
-__all__ = ["Timing", "L2Flusher", "time_eager", "capture_graph", "time_graph", "graphs_supported"]
+__all__ = ["Timing", "L2Flusher", "time_eager", "capture_graph", "time_graph", "graphs_supported", "warm_device",
+           "device_identity"]
 
 FLUSH_BYTES = 256 * 2**20
 
@@ -49,6 +50,31 @@ class L2Flusher:
     def flush(self) -> None:
         if self.buffer is not None:
             self.buffer.fill_(1.0)  # a write: dirty lines of earlier data are evicted, not kept
+
+
+def warm_device(device: torch.device, seconds: float = 1.0) -> None:
+    """Keep the GPU busy with matrix work for `seconds` before anything is timed, so the first points are not
+    timed while its clocks and the host's launch path come up to speed (a CPU needs nothing)."""
+    if device.type != "cuda":
+        return
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        for _ in range(20):
+            a = (a @ a).mul_(1e-2)
+        torch.cuda.synchronize(device)
+    del a
+
+
+def device_identity(device: torch.device) -> dict:
+    """Which physical device measured: the GPU's UUID tells two machines of one model apart, where host names
+    (often "vm") do not."""
+    if device.type != "cuda":
+        import platform
+
+        return {"device": platform.processor() or platform.machine()}
+    props = torch.cuda.get_device_properties(device)
+    return {"device": props.name, "gpu_uuid": str(getattr(props, "uuid", "")) or None}
 
 
 def graphs_supported(device: torch.device) -> bool:

@@ -1,0 +1,70 @@
+"""What the GPU perf gate times, read from a device's dispatch table: every point where the table dispatches a
+path (the path it names there), the whole MoE block and the GDN layer at their recorded points, and, for the
+full check, every path at every dispatch point. Numbers only; nothing here needs a device."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .record import RecordedPoint
+
+__all__ = ["CheckPlan", "plan_check", "ranking_block"]
+
+MOE_BLOCK, LAYER_BLOCKS = "moe_block", ("gdn_layer_decode", "gdn_layer_prefill")
+
+
+@dataclass
+class CheckPlan:
+    """block -> key -> the path names to time there (None: every available path)."""
+    moe_experts: dict[int, set[str] | None] = field(default_factory=dict)
+    moe_block: dict[int, set[str] | None] = field(default_factory=dict)
+    gdn_prefill: dict[int, set[str] | None] = field(default_factory=dict)
+    gdn_decode: dict[int, set[str] | None] = field(default_factory=dict)
+    layer_points: list[tuple[int, int]] = field(default_factory=list)  # (batch, tokens)
+    dispatched: dict[tuple[str, int], str] = field(default_factory=dict)  # (block, key) -> the table's path
+
+    def points(self) -> int:
+        return (len(self.moe_experts) + len(self.moe_block) + len(self.gdn_prefill) + len(self.gdn_decode)
+                + len(self.layer_points))
+
+    def paths_at(self, block: str):
+        """The sweeps' filter for `block`: key -> the names to time (None for every path)."""
+        chosen = getattr(self, block)
+        return lambda key: chosen.get(key)
+
+
+def _dispatch_points(raw_table: dict) -> dict[tuple[str, int], str]:
+    """(block, point) -> the path the table dispatches there, for every point its ranges were chosen at. A range
+    that only takes over above a point (the fastest path there takes fewer tokens) names that point as its
+    evidence but does not serve it: only the range holding the point counts."""
+    out = {}
+    for block, spec in raw_table.get("blocks", {}).items():
+        for r in spec.get("ranges", []):
+            for evidence in r.get("measured", []):
+                at = evidence.get("at")
+                if at is not None and r["from"] <= at and (r["to"] is None or at <= r["to"]):
+                    out[(block, int(at))] = r["path"]
+    return out
+
+
+def plan_check(raw_table: dict, recorded: dict[tuple[str, int, str], RecordedPoint], full: bool) -> CheckPlan:
+    """Routine: the table's own path at each of its dispatch points, the MoE block and GDN layer where recorded.
+    Full: every available path at every dispatch point and block point (for the stale-table check) as well."""
+    plan = CheckPlan(dispatched=_dispatch_points(raw_table))
+    for (block, key), path in plan.dispatched.items():
+        getattr(plan, block)[key] = None if full else {path}
+    for block, key, _ in recorded:
+        if block == MOE_BLOCK:
+            # Timed as served: the path the dispatcher picks there (the check fills it in on the device).
+            plan.moe_block[key] = None if full else set()
+        elif block in LAYER_BLOCKS:
+            point = (key, 1) if block == "gdn_layer_decode" else (1, key)
+            if point not in plan.layer_points:
+                plan.layer_points.append(point)
+    plan.layer_points.sort(key=lambda bt: (bt[1], bt[0]))
+    return plan
+
+
+def ranking_block(block: str, key: int, plan: CheckPlan) -> str:
+    """Which timings decided the table's choice at a point: the whole block where it was timed (MoE), else the
+    block itself (harness/tune/table.py ranks the routed experts by the block's time at the block's points)."""
+    return MOE_BLOCK if block == "moe_experts" and key in plan.moe_block else block

@@ -1,0 +1,143 @@
+"""`qwen36 tune --check` end to end on a CPU at tiny dims: it refuses without a record to judge against, fails on
+a path made slower and names it, fails when the table names a path the dispatcher does not serve, and `--add-run`
+adds a run. An unchanged tree passing is shown on the H200 (reports/gpu-gate-2026-12-04.md), not here: two
+shared CPU cores move these timings by more than any tolerance worth having."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from harness.cli import main
+from harness.tune.record import recorded_points
+
+SLOW_US = 50_000  # the injected delay: 50 ms a call, far beyond any noise on these cores
+RECORDED_US = 1_000.0  # the record the slowed point is judged against: 1 ms, stated here, not measured
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """A tiny table recorded by `qwen36 tune` itself (3 sweeps, schema 2 with timings)."""
+    out = tmp_path_factory.mktemp("record")
+    code = main(["tune", "--device", "cpu", "--dims", "tiny", "--reps", "1", "--warmup", "0", "--no-progress",
+                 "--moe-tokens", "1", "--moe-block-tokens", "1", "--gdn-prefill-tokens", "64",
+                 "--gdn-decode-batches", "1", "--report-dir", str(out)])
+    assert code == 0
+    return json.loads((out / "cpu.json").read_text())
+
+
+def check(tmp_path, table: dict | None, *more: str) -> tuple[int, str]:
+    path = tmp_path / "table.json"
+    if table is not None:
+        path.write_text(json.dumps(table))
+    return main(["tune", "--device", "cpu", "--dims", "tiny", "--check", "--no-progress", "--table", str(path),
+                 "--report-dir", str(tmp_path / "report"), *more]), str(path)
+
+
+def decode_path(table: dict) -> str:
+    (only,) = [r["path"] for r in table["blocks"]["gdn_decode"]["ranges"] if r["from"] <= 1]
+    return only
+
+
+def test_a_slowed_path_fails_the_check_and_is_named(recorded, tmp_path, capsys):
+    table = json.loads(json.dumps(recorded))
+    path = decode_path(table)
+    for point in table["timings"]["points"]:
+        if (point["block"], point["key"], point["path"]) == ("gdn_decode", 1, path):
+            for run in point["runs"]:
+                run["eager_us"] = [RECORDED_US] * len(run["eager_us"])
+    code, _ = check(tmp_path, table, "--inject-delay", f"{path}={SLOW_US}")
+    out = capsys.readouterr().out
+    assert code == 1
+    assert f"SLOWER: gdn_decode B=1 {path} (eager): recorded {RECORDED_US:,.1f} us" in out
+    assert f"{path}: +{SLOW_US} us before every call (injected, test-only)" in out
+    report = json.loads((tmp_path / "report" / "check.json").read_text())
+    assert not report["passed"] and any(f.startswith(f"SLOWER: gdn_decode B=1 {path}") for f in report["failures"])
+
+
+def test_a_table_naming_a_path_the_dispatcher_does_not_serve_fails(recorded, tmp_path, capsys):
+    table = json.loads(json.dumps(recorded))
+    table["blocks"]["gdn_decode"]["ranges"][0]["path"] = "fla_recurrent"  # needs CUDA: a CPU serves another
+    code, _ = check(tmp_path, table)
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "DISPATCH: gdn_decode at 1: the table names fla_recurrent but the dispatcher serves" in out
+
+
+def test_add_run_records_this_check_as_another_run(recorded, tmp_path, capsys):
+    code, path = check(tmp_path, recorded, "--add-run")
+    assert code == 0, capsys.readouterr()
+    after = json.loads(open(path).read())
+    runs = after["timings"]["runs"]
+    assert [r["id"] for r in runs] == [0, 1] and runs[1]["device"] and "--add-run" in runs[1]["command"]
+    # Every point the routine check timed now holds two runs of 3 sweeps.
+    checked = [p for p in recorded_points(after["timings"]).values() if len(p.eager_runs) == 2]
+    assert {p.block for p in checked} >= {"moe_experts", "moe_block", "gdn_prefill", "gdn_decode", "gdn_layer_decode"}
+    assert all(len(run) == 3 for p in checked for run in p.eager_runs)
+
+
+def test_no_table_for_this_device_is_refused_with_the_command_that_records_one(tmp_path, capsys):
+    code, path = check(tmp_path, None)
+    err = capsys.readouterr().err
+    assert code == 2 and f"{path} does not exist" in err and "qwen36 tune" in err
+
+
+def test_a_table_without_timings_is_refused_with_the_command_that_re_records_it(recorded, tmp_path, capsys):
+    old = {k: v for k, v in recorded.items() if k != "timings"}
+    old["schema"] = "qwen36-dispatch/1"
+    code, _ = check(tmp_path, old)
+    err = capsys.readouterr().err
+    assert code == 2 and "has no timings (schema qwen36-dispatch/1" in err and "qwen36 tune" in err
+
+
+def test_fewer_than_three_sweeps_are_refused(recorded, tmp_path, capsys):
+    code, _ = check(tmp_path, recorded, "--sweeps", "2")
+    assert code == 2 and "needs at least 3" in capsys.readouterr().err
+
+
+def test_an_unknown_injected_path_is_refused(recorded, tmp_path, capsys):
+    code, _ = check(tmp_path, recorded, "--inject-delay", "no_such_path=5")
+    assert code == 2 and "give PATH=MICROSECONDS" in capsys.readouterr().err
+
+
+
+def test_an_injected_delay_is_gone_once_the_check_ends():
+    from harness.tune.inject import injected_delays
+    from model.gdn import GDN_RULE_PATHS
+
+    before = GDN_RULE_PATHS["decode_step"]
+    with pytest.raises(RuntimeError), injected_delays({"decode_step": 1.0}) as done:
+        assert GDN_RULE_PATHS["decode_step"] is not before and done
+        raise RuntimeError("a check that dies half way")
+    assert GDN_RULE_PATHS["decode_step"] is before
+
+
+def test_an_earlier_checks_report_adds_the_same_run_without_measuring_again(recorded, tmp_path, capsys):
+    code, path = check(tmp_path, recorded)
+    report = tmp_path / "report" / "check.json"
+    assert code in (0, 1) and report.is_file()  # pass or not on these cores: the run is added either way
+    assert main(["tune", "--add-run-from", str(report), "--table", path]) == 0
+    after = json.loads(open(path).read())
+    assert [r["id"] for r in after["timings"]["runs"]] == [0, 1]
+    assert after["timings"]["runs"][1]["added_from"] == str(report)
+    measured = {(m["block"], m["key"], m["path"]): m for m in json.loads(report.read_text())["measured"]}
+    for p in recorded_points(after["timings"]).values():
+        if (p.block, p.key, p.path) in measured:
+            assert p.eager_runs[1] == measured[(p.block, p.key, p.path)]["eager_us"]
+    assert sum(len(p.eager_runs) == 2 for p in recorded_points(after["timings"]).values()) == len(measured)
+
+
+def test_a_report_of_a_check_with_injected_delays_is_not_added(recorded, tmp_path, capsys):
+    code, path = check(tmp_path, recorded, "--inject-delay", "decode_step=1")
+    capsys.readouterr()
+    assert main(["tune", "--add-run-from", str(tmp_path / "report" / "check.json"), "--table", path]) == 2
+    assert "injected delays" in capsys.readouterr().err
+
+
+def test_the_table_under_test_is_this_process_s_only_while_the_check_runs(recorded, tmp_path, monkeypatch):
+    from model.dispatch_table import TABLE_ENV
+
+    monkeypatch.setenv(TABLE_ENV, "off")  # whatever the caller had: other tests in this worker dispatch by it
+    check(tmp_path, recorded)
+    assert os.environ[TABLE_ENV] == "off"

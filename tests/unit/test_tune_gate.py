@@ -1,0 +1,193 @@
+"""The GPU perf gate's logic on synthetic timings, no device: when a point is slower, faster or within its record,
+when a table is stale, what the check plans to time from a table, and how runs are recorded and merged."""
+from __future__ import annotations
+
+import pytest
+
+from harness.tune.check_plan import plan_check, ranking_block
+from harness.tune.gate import FLOORS, MIN_SWEEPS, judge_point, judge_stale, tolerance
+from harness.tune.measure import Measurement
+from harness.tune.record import append_run, keep_blocks, new_timings, recorded_points
+from harness.tune.sweeps import merge_sweeps
+from harness.tune.timing import Timing
+
+RECORDED = [100.0, 102.0, 98.0, 104.0, 99.0, 101.0]  # two runs of three sweeps: slowest 104
+
+
+def timing(us: float) -> Timing:
+    return Timing(us, us * 0.98, us * 1.02, 20)
+
+
+def row(block, key, path, eager, graph=None, status="ok", **extra) -> Measurement:
+    return Measurement(block, key, path, status, eager=timing(eager) if eager is not None else None,
+                       graph=timing(graph) if graph is not None else None, extra=extra)
+
+
+# --- a point against its record -------------------------------------------------------------------------------
+
+def test_times_within_the_recorded_spread_pass():
+    v = judge_point("moe_experts", 1, "triton_decode", "graph", RECORDED, [103.0, 110.0, 114.0])
+    assert v.status == "pass" and not v.failed
+
+
+def test_a_point_slower_in_every_sweep_fails_and_names_path_point_and_times():
+    v = judge_point("moe_experts", 4, "triton_decode", "graph", RECORDED, [120.0, 118.0, 121.0])
+    assert v.status == "slower" and v.failed
+    line = v.line()
+    assert line.startswith("SLOWER: moe_experts T=4 triton_decode (graph)")
+    assert "recorded 100.5 us" in line and "measured 120.0 us" in line and "120.0, 118.0, 121.0" in line
+    # The limit is the slowest recorded value plus the floor, stated against the recorded median.
+    assert v.tolerance == pytest.approx(104.0 * (1 + FLOORS["graph"]) / 100.5 - 1)
+
+
+def test_one_noisy_sweep_cannot_fail_a_point():
+    v = judge_point("gdn_decode", 1, "fla_recurrent", "graph", RECORDED, [200.0, 200.0, 105.0])
+    assert v.status == "pass"
+
+
+def test_the_limit_is_the_recorded_envelope_not_a_doubled_spread():
+    # Two machines 40% apart: the limit sits 10% above the slower one, wherever the median falls.
+    two_machines = [10.0, 10.2, 10.1, 14.0, 14.1, 14.2]
+    assert tolerance(two_machines, "graph") == pytest.approx(14.2 * 1.1 / 12.1 - 1)
+    assert judge_point("b", 1, "p", "graph", two_machines, [15.8, 15.7, 15.9]).status == "slower"
+    assert judge_point("b", 1, "p", "graph", two_machines, [15.0, 15.4, 15.6]).status == "pass"
+
+
+def test_eager_has_the_wider_floor():
+    steady = [100.0, 100.0, 100.0]
+    assert tolerance(steady, "graph") == pytest.approx(0.10) and tolerance(steady, "eager") == pytest.approx(0.15)
+    assert judge_point("b", 1, "p", "graph", steady, [112.0] * 3).status == "slower"
+    assert judge_point("b", 1, "p", "eager", steady, [112.0] * 3).status == "pass"
+
+
+def test_faster_in_every_sweep_is_reported_not_failed():
+    v = judge_point("moe_block", 1, "triton_decode", "eager", RECORDED, [50.0, 60.0, 70.0])
+    assert v.status == "faster" and not v.failed and v.line().startswith("faster:")
+
+
+def test_too_few_sweeps_fail_however_slow_or_fast():
+    v = judge_point("b", 1, "p", "graph", RECORDED, [100.0] * (MIN_SWEEPS - 1))
+    assert v.status == "too-few-sweeps" and v.failed and "TOO FEW SWEEPS" in v.line()
+
+
+def test_a_point_without_a_record_is_unrecorded():
+    v = judge_point("b", 1, "p", "graph", [], [1.0, 1.0, 1.0])
+    assert v.status == "unrecorded" and "not in the table's timings" in v.line()
+
+
+# --- a stale table --------------------------------------------------------------------------------------------
+
+def test_another_path_faster_beyond_the_floor_in_every_sweep_makes_the_table_stale():
+    v = judge_stale("moe_experts", 8, "graph", "tiny_bmm", {"tiny_bmm": [50.0, 52.0, 51.0],
+                                                           "triton_decode": [40.0, 41.0, 40.5],
+                                                           "sorted": [45.0, 44.0, 46.0]}, 0.10)
+    assert v.stale and v.best == "triton_decode"
+    assert v.line().startswith("STALE: moe_experts T=8: triton_decode takes 40.5 us against the table's tiny_bmm")
+
+
+def test_a_path_faster_in_only_some_sweeps_or_within_the_floor_is_not_stale():
+    mixed = {"chosen": [50.0, 50.0, 50.0], "other": [40.0, 40.0, 52.0]}
+    close = {"chosen": [50.0, 50.0, 50.0], "other": [46.0, 46.0, 46.0]}
+    assert not judge_stale("gdn_decode", 1, "graph", "chosen", mixed, 0.10).stale
+    v = judge_stale("gdn_decode", 1, "graph", "chosen", close, 0.10)
+    assert not v.stale and v.line().startswith("ok: gdn_decode B=1")
+
+
+# --- what the check times, read from a table ------------------------------------------------------------------
+
+TABLE = {"blocks": {
+    "moe_experts": {"keyed_by": "tokens", "ranges": [
+        {"from": 1, "to": 31, "path": "triton_decode", "measured": [{"at": 1}, {"at": 2}, {"at": 8}]},
+        {"from": 32, "to": None, "path": "triton_grouped", "measured": [{"at": 32}, {"at": 4096}]}]},
+    "gdn_decode": {"keyed_by": "batch", "ranges": [
+        # A path that only takes over above the point it was timed at: that point is served by the range below.
+        {"from": 1, "to": 1, "path": "fla_recurrent", "measured": [{"at": 1}]},
+        {"from": 2, "to": None, "path": "decode_step", "measured": [{"at": 1}, {"at": 64}]}]},
+}}
+RECORDS = recorded_points({"points": [
+    {"block": "moe_block", "key": 1, "path": "triton_decode", "runs": [{"run": 0, "eager_us": [1], "graph_us": [1]}]},
+    {"block": "moe_block", "key": 4096, "path": "triton_grouped", "runs": [{"run": 0, "eager_us": [1]}]},
+    {"block": "gdn_layer_decode", "key": 256, "path": "layer", "rule": "fla_recurrent",
+     "runs": [{"run": 0, "eager_us": [1]}]},
+    {"block": "gdn_layer_prefill", "key": 16384, "path": "layer", "runs": [{"run": 0, "eager_us": [1]}]},
+]})
+
+
+def test_the_routine_plan_times_the_tables_path_where_its_range_holds_the_point():
+    plan = plan_check(TABLE, RECORDS, full=False)
+    assert plan.dispatched == {("moe_experts", 1): "triton_decode", ("moe_experts", 2): "triton_decode",
+                               ("moe_experts", 8): "triton_decode", ("moe_experts", 32): "triton_grouped",
+                               ("moe_experts", 4096): "triton_grouped", ("gdn_decode", 1): "fla_recurrent",
+                               ("gdn_decode", 64): "decode_step"}
+    assert plan.moe_experts[8] == {"triton_decode"} and plan.gdn_decode[1] == {"fla_recurrent"}
+    assert set(plan.moe_block) == {1, 4096}  # the path as served is filled in on the device
+    assert plan.layer_points == [(256, 1), (1, 16384)]
+    assert plan.points() == 5 + 2 + 2 + 2
+
+
+def test_the_full_plan_times_every_path_and_ranks_block_points_by_the_block():
+    plan = plan_check(TABLE, RECORDS, full=True)
+    assert plan.moe_experts[8] is None and plan.moe_block[1] is None and plan.paths_at("gdn_decode")(64) is None
+    assert ranking_block("moe_experts", 1, plan) == "moe_block"
+    assert ranking_block("moe_experts", 2, plan) == "moe_experts"
+
+
+# --- recording runs -------------------------------------------------------------------------------------------
+
+def sweeps_of(block, key, path, eager, graph=None, **extra):
+    return [row(block, key, path, e, g, **extra) for e, g in zip(eager, graph or [None] * len(eager))]
+
+
+def test_merged_sweeps_keep_every_sweep_and_take_the_median_of_medians():
+    rows = sweeps_of("moe_experts", 1, "p", [10.0, 30.0, 20.0], [5.0, 6.0, 7.0])
+    (merged,) = merge_sweeps(rows)
+    assert merged.eager.median_us == 20.0 and merged.graph.median_us == 6.0
+    assert merged.extra["eager_sweeps_us"] == [10.0, 30.0, 20.0] and merged.extra["graph_sweeps_us"] == [5, 6, 7]
+
+
+def test_a_path_wrong_in_any_sweep_is_wrong_and_a_graph_missing_in_one_sweep_has_no_graph_time():
+    wrong = sweeps_of("moe_experts", 1, "p", [1.0, 1.0, 1.0])
+    wrong[1].status = "wrong"
+    assert merge_sweeps(wrong)[0].status == "wrong"
+    partial = sweeps_of("moe_experts", 2, "p", [1.0, 1.0], [1.0, None])
+    assert merge_sweeps(partial)[0].graph is None
+
+
+def test_runs_append_and_the_gate_reads_every_value_of_every_run():
+    first = merge_sweeps(sweeps_of("moe_experts", 1, "p", [10.0, 11.0, 12.0], [5.0, 5.1, 5.2]))
+    second = merge_sweeps(sweeps_of("moe_experts", 1, "p", [13.0, 14.0, 15.0], [6.0, 6.1, 6.2]))
+    timings = new_timings(first, "how", {"id": 0, "date": "d"})
+    timings = append_run(timings, second, {"id": 1, "date": "e", "gpu_uuid": "x"})
+    assert [r["id"] for r in timings["runs"]] == [0, 1]
+    point = recorded_points(timings)[("moe_experts", 1, "p")]
+    assert point.values("eager") == [10.0, 11.0, 12.0, 13.0, 14.0, 15.0]
+    assert point.values("graph") == [5.0, 5.1, 5.2, 6.0, 6.1, 6.2]
+
+
+def test_only_correct_rows_of_recorded_blocks_and_the_whole_gdn_layer_are_recorded():
+    rows = merge_sweeps([
+        *sweeps_of("moe_experts", 1, "good", [1.0] * 3),
+        *sweeps_of("moe_experts", 1, "bad", [1.0] * 3, status="wrong"),
+        *sweeps_of("gdn_layer_decode", 1, "conv", [1.0] * 3, rule="fla_recurrent"),
+        *sweeps_of("gdn_layer_decode", 1, "layer", [1.0] * 3, rule="fla_recurrent"),
+        *sweeps_of("moe_config", 1, "cfg", [1.0] * 3),
+    ])
+    points = new_timings(rows, "how", {"id": 0})["points"]
+    assert [(p["block"], p["path"]) for p in points] == [("moe_experts", "good"), ("gdn_layer_decode", "layer")]
+    assert points[1]["rule"] == "fla_recurrent"
+
+
+def test_re_recording_one_side_keeps_the_other_sides_record():
+    old = new_timings(merge_sweeps([*sweeps_of("moe_experts", 1, "m", [1.0] * 3),
+                                    *sweeps_of("gdn_decode", 1, "g", [2.0] * 3)]), "how", {"id": 0, "date": "old"})
+    new = new_timings(merge_sweeps(sweeps_of("gdn_decode", 1, "g", [3.0] * 3)), "how", {"id": 0, "date": "new"})
+    kept = keep_blocks(old, new, {"gdn_decode", "gdn_prefill"})
+    records = recorded_points(kept)
+    assert records[("moe_experts", 1, "m")].values("eager") == [1.0] * 3
+    assert records[("gdn_decode", 1, "g")].values("eager") == [3.0] * 3
+    assert [(r["id"], r["date"]) for r in kept["runs"]] == [(0, "old"), (1, "new")]
+
+
+def test_a_mode_the_table_does_not_rank_by_is_reported_not_failed():
+    v = judge_point("moe_experts", 15, "triton_decode", "eager", RECORDED, [150.0, 150.0, 150.0], gated=False)
+    assert v.status == "slower" and not v.failed and v.line().startswith("slower (not gated): moe_experts T=15")
