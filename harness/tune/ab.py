@@ -136,7 +136,8 @@ def _setup(head_root: Path, ref_root: Path, o: ABOptions) -> _Setup:
     except DispatchTableError as exc:
         raise _Refused(str(exc)) from None
     raw = json.loads(table.read_text())
-    plan = plan_check(raw, recorded_points(raw.get("timings")), full=False)
+    recorded = recorded_points(raw.get("timings"))
+    plan = plan_check(raw, recorded, full=False)
     points = ab_points(plan)
     if not points:
         raise _Refused(f"{table} dispatches nothing and records no MoE block or GDN layer timings: nothing to "
@@ -149,8 +150,8 @@ def _setup(head_root: Path, ref_root: Path, o: ABOptions) -> _Setup:
             "--reps", str(o.reps), "--warmup", str(o.warmup), "--flush-mb", str(o.flush_mb)]
     if o.hf_config is not None:
         args += ["--hf-config", str(Path(o.hf_config).resolve()), "--tp", str(o.tp)]
-    if o.no_graph:
-        args.append("--no-graph")
+    if o.no_graph or (recorded and not any(p.graph_runs for p in recorded.values())):
+        args.append("--no-graph")  # as the gate: a table recorded without graphs (the BI-V100's) captures none
     return _Setup(table, device, name, args, points)
 
 

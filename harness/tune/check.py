@@ -103,8 +103,10 @@ def run_check(a) -> int:
         dtype = getattr(torch, raw["dtype"])
         reps, warmup = int(rec_meta.get("reps", a.reps)), int(rec_meta.get("warmup", a.warmup))
         flush_mb = int(rec_meta.get("flush_mb", a.flush_mb))
-        s = Settings(device, dtype, reps, warmup, graphs_supported(device) and not a.no_graph,
-                     L2Flusher(device, flush_mb * 2**20))
+        # Graph replay only where the record has graph times: a table recorded with --no-graph (the BI-V100's,
+        # where capture is not what serves) is checked without capturing anything.
+        graphs = graphs_supported(device) and not a.no_graph and any(p.graph_runs for p in recorded.values())
+        s = Settings(device, dtype, reps, warmup, graphs, L2Flusher(device, flush_mb * 2**20))
         full = bool(a.check_stale)
         plan = plan_check(raw, recorded, full)
         if not full:
@@ -169,8 +171,8 @@ def _judge(plan: CheckPlan, merged: list[Measurement], recorded: dict[tuple, Rec
            dtype, full: bool, graphs: bool):
     verdicts: list[PointVerdict | StaleVerdict] = []
     failures: list[str] = []
-    notes: list[str] = [] if graphs else ["graph replay not timed (--no-graph, or no CUDA graphs here): "
-                                          "recorded graph times are not judged"]
+    notes: list[str] = [] if graphs else ["graph replay not timed (--no-graph, no CUDA graphs here, or none "
+                                          "recorded): graph times are not judged"]
     modes = ("eager", "graph") if graphs else ("eager",)
     # Gated: the mode the table ranks by. Where that is graph replay (the H200), eager times are reported, not
     # gated: on the lent H200s a microsecond kernel's eager time is the host's launch cost, and recorded runs
