@@ -3,7 +3,10 @@ path to them, and `qwen36 tune` checks every output it times against them. They 
 live with the paths, below both readers.
 
 Metric: relative error ||out - ref|| / ||ref|| (Frobenius) against a float64 reference computed from the
-same low-precision inputs, upcast. Bounds are set with margin over what the paths reach (measured with the
+same low-precision inputs, upcast. Where the output is a sum that can nearly cancel, the error is taken against
+the size of the terms instead: the MoE block (routed plus shared norms) and the routed experts
+(model.moe.experts.experts_magnitude: the reference's sums over absolute values), so the bound measures the
+path, not how close to zero a case's output happens to fall. Bounds are set with margin over what the paths reach (measured with the
 `ci` profile, see docs/numerics.md); float32 paths sit far under 1e-5 and bf16 paths under 2e-2.
 Add a block's table here when you add the block; a registered path without an entry fails the suite.
 """
@@ -13,9 +16,12 @@ import torch
 
 F64, F32, BF16, F16 = torch.float64, torch.float32, torch.bfloat16, torch.float16
 
-# Routed-expert paths (model.moe.EXPERT_PATHS), per dtype.
+# Routed-expert paths (model.moe.EXPERT_PATHS), per dtype, against the size of the terms (experts_magnitude).
+# float32 measured on a CPU, 81 random cases plus one that nearly cancels (2026-12-04): at most 2.9e-8, where
+# a path 1e-5 off reads 2.7e-8 to 1.7e-6 (median 2.4e-7), so 2e-7 passes every legitimate case seen with 7x
+# margin and catches such a path (tests/numerics/test_moe_checker_catches_bugs.py).
 MOE_EXPERT_PATHS: dict[str, dict[torch.dtype, float]] = {
-    name: {F64: 1e-12, F32: 2e-6, BF16: 1.5e-2, F16: 2e-3}
+    name: {F64: 1e-12, F32: 2e-7, BF16: 1.5e-2, F16: 2e-3}
     for name in ("reference", "decode_fused", "tiny_bmm", "tiny_tokenwise", "sorted", "grouped_mm", "dense_bmm")
 }
 # The Triton paths (no float64 kernels). triton_decode keeps its intermediate in float32; triton_grouped

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from model.moe import EXPERT_PATHS, ROUTERS, MoEWeights, moe_block_reference, shared_expert
+from model.moe.experts import experts_magnitude
 
 from model import tolerances
 from .ceilings import Ceilings
@@ -58,6 +59,7 @@ class ExpertPoint:
     weights: torch.Tensor
     ids: torch.Tensor
     ref: torch.Tensor
+    scale: float  # the size of the terms the experts sum: errors are measured against it, as the suite does
     distinct: int
     floor: Floor
 
@@ -70,7 +72,8 @@ def expert_point(d: MoEDims, tokens: int, s: Settings, ceilings: Ceilings, w: Mo
                        torch.empty(x.shape, dtype=reference.output_dtype(s.dtype), device=s.device))
     distinct = int(ids.unique().numel())
     floor = floor_of(moe_experts_work(tokens, distinct, d, x.element_size()), ceilings)
-    return ExpertPoint(tokens, x, weights, ids, ref, distinct, floor)
+    scale = experts_magnitude(x, w.w13, w.w2, weights, ids)
+    return ExpertPoint(tokens, x, weights, ids, ref, scale, distinct, floor)
 
 
 def measure_expert_fn(block: str, name: str, bound_of: str, fn: Callable, p: ExpertPoint, w: MoEWeights,
@@ -83,7 +86,7 @@ def measure_expert_fn(block: str, name: str, bound_of: str, fn: Callable, p: Exp
         return m
     out = torch.empty(p.x.shape, dtype=s.dtype, device=s.device)
     return measure(m, lambda: fn(p.x, w.w13, w.w2, p.weights, p.ids, out), lambda: out.fill_(float("nan")),
-                   lambda: (check_error(out, p.ref), ""), s)
+                   lambda: (check_error(out, p.ref, p.scale), ""), s)
 
 
 def sweep_moe_experts(d: MoEDims, tokens_list, s: Settings, ceilings: Ceilings, pruner: Pruner,

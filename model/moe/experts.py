@@ -24,6 +24,7 @@ __all__ = [
     "expert_paths_for",
     "run_expert_path",
     "experts_reference",
+    "experts_magnitude",
     "silu_and_mul",
 ]
 
@@ -68,6 +69,29 @@ def experts_reference(x, w13, w2, weights, ids, out):
         y = silu_and_mul(h) @ w2_64[e].T
         acc.index_add_(0, token_idx, y * weights[token_idx, slot].double()[:, None])
     return out.copy_(acc)
+
+
+SILU_SLOPE_MAX = 1.1  # sup |silu'(z)| is about 1.0998: how far an error in the gate can move silu(gate)
+
+
+def experts_magnitude(x, w13, w2, weights, ids) -> float:
+    """The size of the terms the routed experts sum, in float64: what rounding error is proportional to, so a
+    path's error is measured against it rather than against an output that can nearly cancel.
+
+    The reference's computation with every sum taken over absolute values (the classic forward error bound of a
+    dot product, |fl(a.b) - a.b| <= n u |a|.|b|), carried through silu(gate) * up to first order:
+    |act| <= |silu(gate)| |x||W_up| + SILU_SLOPE_MAX |x||W_gate| |up|, then |W2| |act|, then |w_k| summed over the
+    top-k. Elementwise it bounds |reference| from above, so the error it gives is never larger than against
+    ||reference||."""
+    x64, w13_64, w2_64 = x.double(), w13.double(), w2.double()
+    acc = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+    for e in torch.unique(ids).tolist():
+        token_idx, slot = torch.where(ids == e)
+        gate, up = (x64[token_idx] @ w13_64[e].T).chunk(2, dim=-1)
+        gate_abs, up_abs = (x64[token_idx].abs() @ w13_64[e].abs().T).chunk(2, dim=-1)
+        act = F.silu(gate).abs() * up_abs + SILU_SLOPE_MAX * gate_abs * up.abs()
+        acc.index_add_(0, token_idx, (act @ w2_64[e].abs().T) * weights[token_idx, slot].double().abs()[:, None])
+    return acc.norm().item()
 
 
 # --- decode: T == 1 ----------------------------------------------------------------------------------

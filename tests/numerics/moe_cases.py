@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import torch.nn.functional as F
 
 from model.moe import MoEWeights, moe_block_reference, route_reference, shared_expert
-from model.moe.experts import ExpertPath, experts_reference
+from model.moe.experts import ExpertPath, experts_magnitude, experts_reference
 from tests.numerics.compare import poisoned_like, relative_error
 
 # Routing patterns, as router-logit recipes (see `make_router_logits`).
@@ -118,14 +118,16 @@ def make_routing(case: MoECase, device="cpu") -> tuple[torch.Tensor, torch.Tenso
 
 
 def expert_path_error(path: ExpertPath, case: MoECase, dtype: torch.dtype, device="cpu") -> float:
-    """Relative error of `path` against the float64 reference on the same (rounded) inputs."""
+    """Error of `path` against the float64 reference on the same (rounded) inputs, relative to the size of the
+    terms it sums (model.moe.experts.experts_magnitude): an output that nearly cancels measures the case, not
+    the path."""
     w = make_moe_weights(case, dtype, device)
     x = make_hidden(case, dtype, device)
     weights, ids = make_routing(case, device)
     out = path.fn(x, w.w13, w.w2, weights, ids, poisoned_like(x.shape, dtype, device))
     ref = experts_reference(x, w.w13, w.w2, weights, ids, poisoned_like(x.shape, torch.float64, device))
     assert out.dtype == dtype and out.shape == x.shape, f"{path.name} returned {out.dtype} {tuple(out.shape)}"
-    return relative_error(out, ref)
+    return relative_error(out, ref, scale=experts_magnitude(x, w.w13, w.w2, weights, ids))
 
 
 def check_expert_path(

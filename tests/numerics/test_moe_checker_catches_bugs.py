@@ -99,3 +99,18 @@ def test_router_without_renormalisation_is_reported_with_a_shrunk_counterexample
     report = falsifying_report(excinfo)
     # Renormalisation only matters when some probability mass lies outside the top-k: two experts, top-1.
     assert shrunk_field(report, "tokens") == 1 and shrunk_field(report, "experts") == 2, report
+
+
+def experts_sorted_slightly_off(x, w13, w2, weights, ids, out):
+    """`sorted` wrong by 1e-5 relative: five times float32's bound, so the check must see it however the
+    error is scaled."""
+    return experts_sorted(x, w13, w2, weights, ids, out).mul_(1 + 1e-5)
+
+
+def test_a_float32_path_wrong_by_1e_5_relative_is_reported():
+    wrong = ExpertPath("wrong_slightly_off", experts_sorted_slightly_off, dtypes=(torch.float32,))
+    with patch.dict(EXPERT_PATHS, {wrong.name: wrong}):
+        with pytest.raises(AssertionError) as excinfo:
+            check_expert_path(EXPERT_PATHS[wrong.name], torch.float32,
+                              tolerances.MOE_EXPERT_PATHS["sorted"][torch.float32], run_settings=FALSIFY)
+    falsifying_report(excinfo)

@@ -17,6 +17,9 @@ EDGE_CASES = (
     MoECase(tokens=300, experts=64, top_k=8, hidden=64, intermediate=48, shared_intermediate=48, pattern="ties", seed=1),
     MoECase(tokens=300, experts=64, top_k=8, hidden=64, intermediate=48, shared_intermediate=48, pattern="empty_experts", seed=2),
     MoECase(tokens=257, experts=64, top_k=1, hidden=32, intermediate=16, shared_intermediate=16, pattern="one_expert", seed=3),
+    # An output that nearly cancels (found by hypothesis; every float32 path read 3.7e-6 against ||reference||):
+    # the error is measured against the size of the terms, so the case no longer decides the verdict.
+    MoECase(tokens=1, experts=26, top_k=1, hidden=9, intermediate=1, shared_intermediate=1, pattern="random", seed=230),
 )
 
 
