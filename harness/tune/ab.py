@@ -31,22 +31,21 @@ from pathlib import Path
 
 import torch
 
-from model.dispatch_table import (CHECKOUT_TABLE_DIR, TABLE_ENV, DispatchTableError, load_dispatch_table,
-                                  table_file_name)
+from model.dispatch_table import TABLE_ENV, table_file_name
 
 from . import dims as D
 from .ab_rule import ABVerdict, SideSweeps, judge_ab
 from .ab_worker import WorkerDied, WorkerProcess, WorkerRefused
 from .check_plan import CheckPlan, plan_check
-from .gate import MIN_SWEEPS
+from .device_table import RECORD_COMMAND, TableRefused, open_device_table
+from .gate import MIN_SWEEPS, point_name
 from .progress import Progress
-from .record import recorded_points
+from .report import verdict_sections
 from .timing import device_identity
 
 __all__ = ["ABOptions", "HEAD_ROOT", "ab_points", "run_ab", "run_ab_command"]
 
 HEAD_ROOT = Path(__file__).resolve().parents[2]  # this checkout: its harness times both sides
-RECORD_COMMAND = "qwen36 tune  (or on the serving image: python3 -m harness.tune)"
 SIDES = ("ref", "head")
 _STATUS_ORDER = ("wrong", "error", "missing", "ok")  # a side wrong in any sweep is wrong at that point
 
@@ -99,8 +98,7 @@ def ab_points(plan: CheckPlan) -> list[dict]:
 
 
 def _label(point: dict) -> str:
-    unit = "B" if point["block"] in ("gdn_decode", "gdn_layer_decode") else "T"
-    return f"{point['block']} {unit}={point['key']} {point['path'] or 'as served'}"
+    return f"{point_name(point['block'], point['key'])} {point['path'] or 'as served'}"
 
 
 @dataclass(frozen=True)
@@ -124,34 +122,26 @@ def _setup(head_root: Path, ref_root: Path, o: ABOptions) -> _Setup:
     if o.sweeps < MIN_SWEEPS:
         raise _Refused(f"--sweeps {o.sweeps}: the A/B needs at least {MIN_SWEEPS} (head is slower only when "
                        "every sweep is)")
-    device = torch.device(o.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    table = Path(o.table or (CHECKOUT_TABLE_DIR / table_file_name(name))).resolve()
-    if not table.is_file():
-        raise _Refused(f"no dispatch table for {name}: {table} does not exist. Record one on this device with "
-                       f"`{RECORD_COMMAND}` (on a CPU: `qwen36 tune --device cpu --dims tiny --report-dir D`, "
-                       "then pass --table D/cpu.json)")
     try:
-        load_dispatch_table(table)
-    except DispatchTableError as exc:
+        t = open_device_table(o.device, o.table)
+    except TableRefused as exc:
         raise _Refused(str(exc)) from None
-    raw = json.loads(table.read_text())
-    recorded = recorded_points(raw.get("timings"))
+    device, name, table, raw, recorded = t.device, t.name, t.path.resolve(), t.raw, t.recorded
     plan = plan_check(raw, recorded, full=False)
     points = ab_points(plan)
     if not points:
         raise _Refused(f"{table} dispatches nothing and records no MoE block or GDN layer timings: nothing to "
                        f"time; re-record it with `{RECORD_COMMAND}`")
     dims = raw.get("recorded", {}).get("dims", "")
-    if o.hf_config is None and dims not in (D.REAL_PER_RANK.name, D.TINY.name):
+    if D.recorded_dims(dims, o.hf_config, o.tp) is None:
         raise _Refused(f"{table} was recorded at dims {dims!r}; pass --hf-config DIR (and --tp) for those dims")
     args = ["--table", str(table), "--device", str(device),
-            "--device-stem", table_file_name(name).removesuffix(".json"), "--dtype", raw["dtype"], "--dims", dims,
+            "--device-stem", t.stem, "--dtype", raw["dtype"], "--dims", dims,
             "--reps", str(o.reps), "--warmup", str(o.warmup), "--flush-mb", str(o.flush_mb)]
     if o.hf_config is not None:
         args += ["--hf-config", str(Path(o.hf_config).resolve()), "--tp", str(o.tp)]
-    if o.no_graph or (recorded and not any(p.graph_runs for p in recorded.values())):
-        args.append("--no-graph")  # as the gate: a table recorded without graphs (the BI-V100's) captures none
+    if not t.times_graphs(o.no_graph):
+        args.append("--no-graph")
     return _Setup(table, device, name, args, points)
 
 
@@ -310,11 +300,7 @@ def _write_report(directory: Path, setup: _Setup, o: ABOptions, roots: dict, wor
           f"- machine: {', '.join(f'{k} {v}' for k, v in identity.items())}",
           f"- {o.sweeps} sweeps of {o.reps} reps, the first side alternating; tolerance per mode: the gate's floor",
           f"- {summary}", ""]
-    if failures:
-        md += ["## Failures", "", *[f"- {f}" for f in failures], ""]
-    if notes:
-        md += ["## Notes", "", *[f"- {n}" for n in notes], ""]
-    md += ["## Every point", "", *[f"- {v.line()}" for v in verdicts], ""]
+    md += verdict_sections(failures, notes, [v.line() for v in verdicts])
     (directory / "ab.md").write_text("\n".join(md))
     model_lines = [f"{side} model: {s['model_file'] or '(not started)'}" for side, s in sides.items()]
     return [*(v.line() for v in verdicts), *notes, *model_lines, summary,

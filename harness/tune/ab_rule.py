@@ -15,7 +15,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
-from .gate import FLOORS, MIN_SWEEPS
+from .gate import FLOORS, MIN_SWEEPS, point_name
 
 __all__ = ["SideSweeps", "ABVerdict", "judge_ab", "MODES"]
 
@@ -60,9 +60,8 @@ class ABVerdict:
         return self.status in FAILING
 
     def where(self) -> str:
-        unit = "B" if self.block in ("gdn_decode", "gdn_layer_decode") else "T"
         mode = f" ({self.mode})" if self.mode else ""
-        return f"{self.block} {unit}={self.key} {self.path}{mode}"
+        return f"{point_name(self.block, self.key)} {self.path}{mode}"
 
     def line(self) -> str:
         if self.status in ("wrong", "error", "missing", "unpaired"):

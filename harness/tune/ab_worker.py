@@ -111,8 +111,7 @@ def _point_timer(a) -> Callable[[dict], list[dict]]:
     from .timing import L2Flusher, graphs_supported
 
     device, dtype = torch.device(a.device), getattr(torch, a.dtype)
-    dims = D.dims_from_hf_config(a.hf_config, a.tp) if a.hf_config else \
-        {D.REAL_PER_RANK.name: D.REAL_PER_RANK, D.TINY.name: D.TINY}[a.dims]
+    dims = D.recorded_dims(a.dims, a.hf_config, a.tp)  # the coordinator refused a name it does not know
     s = Settings(device, dtype, a.reps, a.warmup, graphs_supported(device) and not a.no_graph,
                  L2Flusher(device, a.flush_mb * 2**20))
     ceilings = ceilings_for(a.device_stem, None, None)

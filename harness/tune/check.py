@@ -17,14 +17,14 @@ from pathlib import Path
 
 import torch
 
-from model.dispatch_table import (CHECKOUT_TABLE_DIR, TABLE_ENV, DispatchTableError, clear_table_cache,
-                                  load_dispatch_table, table_file_name)
+from model.dispatch_table import TABLE_ENV, clear_table_cache
 from model.gdn import select_rule_path
 from model.moe import MoEConfig, select_expert_path
 
 from . import dims as D
 from .add_run import add_run
 from .ceilings import ceilings_for
+from .device_table import RECORD_COMMAND, TableRefused, open_device_table
 from .check_plan import CheckPlan, plan_check, ranking_block
 from .gate import FLOORS, MIN_SWEEPS, PointVerdict, StaleVerdict, judge_point, judge_stale
 from .gdn import sweep_gdn
@@ -34,24 +34,16 @@ from .measure import Measurement, Settings
 from .moe import sweep_moe_block, sweep_moe_experts
 from .progress import Progress
 from .prune import Pruner
-from .record import RecordedPoint, recorded_points, run_meta
+from .record import RecordedPoint, run_meta
+from .report import verdict_sections
 from .sweeps import merge_sweeps
-from .timing import L2Flusher, device_identity, graphs_supported, warm_device
+from .timing import L2Flusher, device_identity, warm_device
 
 __all__ = ["run_check"]
-
-RECORD_COMMAND = "qwen36 tune  (or on the serving image: python3 -m harness.tune)"
-
 
 def _refuse(message: str) -> int:
     print(f"qwen36 tune --check: {message}", file=sys.stderr)
     return 2
-
-
-def _dims_for(name: str, a) -> D.TuneDims | None:
-    if a.hf_config is not None:
-        return D.dims_from_hf_config(a.hf_config, a.tp)
-    return {D.REAL_PER_RANK.name: D.REAL_PER_RANK, D.TINY.name: D.TINY}.get(name)
 
 
 @contextlib.contextmanager
@@ -71,24 +63,16 @@ def _dispatching_by(path):
 
 
 def run_check(a) -> int:
-    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    path = a.table or (CHECKOUT_TABLE_DIR / table_file_name(name))
-    if not Path(path).is_file():
-        return _refuse(f"no dispatch table for {name}: {path} does not exist. Record one on this device with "
-                       f"`{RECORD_COMMAND}` (it writes fixtures/dispatch/{table_file_name(name)}), commit it, then "
-                       "check again")
     try:
-        load_dispatch_table(path)
-    except DispatchTableError as exc:
+        t = open_device_table(a.device, a.table)
+    except TableRefused as exc:
         return _refuse(str(exc))
-    raw = json.loads(Path(path).read_text())
-    recorded = recorded_points(raw.get("timings"))
+    device, path, raw, recorded = t.device, t.path, t.raw, t.recorded
     if not recorded:
         return _refuse(f"{path} has no timings (schema {raw.get('schema')}: the ranges alone); re-record it on "
                        f"this device with `{RECORD_COMMAND}`, which keeps every path's times per sweep")
     rec_meta = raw.get("recorded", {})
-    dims = _dims_for(rec_meta.get("dims", ""), a)
+    dims = D.recorded_dims(rec_meta.get("dims", ""), a.hf_config, a.tp)
     if dims is None:
         return _refuse(f"{path} was recorded at dims {rec_meta.get('dims')!r}; pass --hf-config DIR (and --tp) "
                        "for those dims")
@@ -103,10 +87,7 @@ def run_check(a) -> int:
         dtype = getattr(torch, raw["dtype"])
         reps, warmup = int(rec_meta.get("reps", a.reps)), int(rec_meta.get("warmup", a.warmup))
         flush_mb = int(rec_meta.get("flush_mb", a.flush_mb))
-        # Graph replay only where the record has graph times: a table recorded with --no-graph (the BI-V100's,
-        # where capture is not what serves) is checked without capturing anything.
-        graphs = graphs_supported(device) and not a.no_graph and any(p.graph_runs for p in recorded.values())
-        s = Settings(device, dtype, reps, warmup, graphs, L2Flusher(device, flush_mb * 2**20))
+        s = Settings(device, dtype, reps, warmup, t.times_graphs(a.no_graph), L2Flusher(device, flush_mb * 2**20))
         full = bool(a.check_stale)
         plan = plan_check(raw, recorded, full)
         if not full:
@@ -114,12 +95,12 @@ def run_check(a) -> int:
                 plan.moe_block[tokens] = {select_expert_path(tokens, MoEConfig(), device, dtype)}
         began = time.monotonic()
         with injected_delays(delays) as injected:
-            rows = _measure(plan, dims, s, a, ceilings_for(table_file_name(name).removesuffix(".json"), None, None))
+            rows = _measure(plan, dims, s, a, ceilings_for(t.stem, None, None))
         merged = merge_sweeps(rows)
         verdicts, failures, notes = _judge(plan, merged, recorded, raw, device, dtype, full, s.graphs)
         took = time.monotonic() - began
         report_dir = a.report_dir or Path("runs") / "tune" / (
-            f"{table_file_name(name).removesuffix('.json')}-{'stale' if full else 'check'}-"
+            f"{t.stem}-{'stale' if full else 'check'}-"
             f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%dT%H%M%S}")
         command = shlex.join(getattr(a, "invocation", None) or ["qwen36", *sys.argv[1:]])
         identity = device_identity(device)
@@ -266,10 +247,6 @@ def _write_report(directory: Path, command: str, table_path, identity: dict, ver
     md = [f"# `qwen36 tune` {kind} on {device}", "", f"- command: `{command}`", f"- table: `{table_path}`",
           f"- machine: {', '.join(f'{k} {v}' for k, v in identity.items())}",
           f"- {summary[0]}", ""]
-    if failures:
-        md += ["## Failures", "", *[f"- {f}" for f in failures], ""]
-    if notes:
-        md += ["## Notes", "", *[f"- {n}" for n in notes], ""]
-    md += ["## Every point", "", *[f"- {v.line()}" for v in verdicts], ""]
+    md += verdict_sections(failures, notes, [v.line() for v in verdicts])
     (directory / "check.md").write_text("\n".join(md))
     return [*failures, *notes, *summary, f"report: {directory / 'check.md'} and check.json"]

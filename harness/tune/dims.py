@@ -6,7 +6,7 @@ from pathlib import Path
 
 from model.gdn import GDNDims
 
-__all__ = ["MoEDims", "TuneDims", "REAL_PER_RANK", "TINY", "dims_from_hf_config",
+__all__ = ["MoEDims", "TuneDims", "REAL_PER_RANK", "TINY", "dims_from_hf_config", "recorded_dims",
            "MOE_TOKENS", "MOE_BLOCK_TOKENS", "GDN_PREFILL_TOKENS", "GDN_DECODE_BATCHES"]
 
 
@@ -74,6 +74,14 @@ def dims_from_hf_config(model_dir: Path, tp: int) -> TuneDims:
 
 # Sweep points (the issues' lists): T = 1..16 then powers of two to 8192 for the routed experts; the whole
 # block at 1, 8, 4096; GDN prefill at B = 1 for T = 64..16384; GDN decode steps at these batch sizes.
+def recorded_dims(name: str, hf_config: Path | None, tp: int) -> TuneDims | None:
+    """The dims a table was recorded at, for re-timing it: a checkpoint's config when one is given, else the
+    built-in dims of that name (None: a name this code does not know)."""
+    if hf_config is not None:
+        return dims_from_hf_config(hf_config, tp)
+    return {REAL_PER_RANK.name: REAL_PER_RANK, TINY.name: TINY}.get(name)
+
+
 MOE_TOKENS = tuple(range(1, 17)) + tuple(2**p for p in range(5, 14))
 MOE_BLOCK_TOKENS = (1, 8, 4096)
 GDN_PREFILL_TOKENS = tuple(2**p for p in range(6, 15))

@@ -19,11 +19,16 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
-__all__ = ["FLOORS", "MIN_SWEEPS", "bounds", "tolerance", "PointVerdict", "judge_point", "StaleVerdict",
-           "judge_stale"]
+__all__ = ["FLOORS", "MIN_SWEEPS", "point_name", "bounds", "tolerance", "PointVerdict", "judge_point",
+           "StaleVerdict", "judge_stale"]
 
 FLOORS = {"graph": 0.10, "eager": 0.15}
 MIN_SWEEPS = 3
+
+
+def point_name(block: str, key: int) -> str:
+    """`moe_experts T=8`, `gdn_decode B=1`: decode blocks are keyed by batch, the others by tokens."""
+    return f"{block} {'B' if block in ('gdn_decode', 'gdn_layer_decode') else 'T'}={key}"
 
 
 def bounds(recorded: list[float], mode: str) -> tuple[float, float]:
@@ -62,8 +67,7 @@ class PointVerdict:
         return self.gated and self.status in ("slower", "too-few-sweeps")
 
     def line(self) -> str:
-        where = f"{self.block} {'B' if self.block in ('gdn_decode', 'gdn_layer_decode') else 'T'}={self.key} " \
-                f"{self.path} ({self.mode})"
+        where = f"{point_name(self.block, self.key)} {self.path} ({self.mode})"
         if self.status == "unrecorded":
             return f"{where}: not in the table's timings (measured {self.measured_us:,.1f} us); nothing to compare"
         sweeps = ", ".join(f"{v:,.1f}" for v in self.measured_sweeps_us)
@@ -110,11 +114,11 @@ class StaleVerdict:
     stale: bool
 
     def line(self) -> str:
-        unit = "B" if self.block == "gdn_decode" else "T"
+        where = point_name(self.block, self.key)
         if not self.stale:
-            return (f"ok: {self.block} {unit}={self.key}: the table's {self.chosen} ({self.chosen_us:,.1f} us, "
+            return (f"ok: {where}: the table's {self.chosen} ({self.chosen_us:,.1f} us, "
                     f"{self.mode}) is fastest or within {self.tolerance:.0%} of {self.best} ({self.best_us:,.1f} us)")
-        return (f"STALE: {self.block} {unit}={self.key}: {self.best} takes {self.best_us:,.1f} us against the "
+        return (f"STALE: {where}: {self.best} takes {self.best_us:,.1f} us against the "
                 f"table's {self.chosen} {self.chosen_us:,.1f} us ({self.mode}, x{self.chosen_us / self.best_us:.2f}, "
                 f"beyond {self.tolerance:.0%} in every sweep)")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from .measure import Measurement
 from .targets import Verdict
 
-__all__ = ["Section", "format_rows", "layer_breakdown", "write_report"]
+__all__ = ["Section", "format_rows", "layer_breakdown", "write_report", "verdict_sections"]
 
 TITLES = {
     "moe_experts": "Routed experts (T tokens)",
@@ -133,3 +133,14 @@ def write_report(directory: Path, meta: dict, rows: list[Measurement], table: di
     md_path = directory / "tune.md"
     md_path.write_text("\n".join(md))
     return json_path, md_path
+
+
+def verdict_sections(failures: list[str], notes: list[str], lines: list[str]) -> list[str]:
+    """The Markdown a gate's report ends with (`--check`, `--ab`): its failures and notes where there are any,
+    then every point's verdict."""
+    md = []
+    if failures:
+        md += ["## Failures", "", *[f"- {f}" for f in failures], ""]
+    if notes:
+        md += ["## Notes", "", *[f"- {n}" for n in notes], ""]
+    return md + ["## Every point", "", *[f"- {line}" for line in lines], ""]

@@ -191,3 +191,22 @@ def test_re_recording_one_side_keeps_the_other_sides_record():
 def test_a_mode_the_table_does_not_rank_by_is_reported_not_failed():
     v = judge_point("moe_experts", 15, "triton_decode", "eager", RECORDED, [150.0, 150.0, 150.0], gated=False)
     assert v.status == "slower" and not v.failed and v.line().startswith("slower (not gated): moe_experts T=15")
+
+
+def test_graphs_are_timed_only_where_the_table_records_graph_times(monkeypatch):
+    import torch
+
+    from harness.tune import device_table
+    from harness.tune.device_table import DeviceTable
+
+    monkeypatch.setattr(device_table, "graphs_supported", lambda device: True)  # as on a GPU
+
+    def table(points):
+        return DeviceTable(torch.device("cpu"), "gpu", None, {}, recorded_points({"points": points}))
+
+    eager_only = table([{"block": "b", "key": 1, "path": "p", "runs": [{"run": 0, "eager_us": [1.0]}]}])
+    with_graphs = table([{"block": "b", "key": 1, "path": "p", "runs": [{"run": 0, "eager_us": [1.0],
+                                                                         "graph_us": [1.0]}]}])
+    assert not eager_only.times_graphs(no_graph=False)  # the BI-V100's table: recorded with --no-graph
+    assert with_graphs.times_graphs(no_graph=False) and not with_graphs.times_graphs(no_graph=True)
+    assert table([]).times_graphs(no_graph=False)  # no record to say otherwise (the A/B takes such a table)
