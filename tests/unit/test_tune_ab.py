@@ -128,6 +128,7 @@ def _slowed_copy(root: Path) -> Path:
     return root
 
 
+@pytest.mark.timing  # compares two measured sides: run alone, where a server's start cannot stall one sweep
 @pytest.mark.timeout(300)
 def test_a_slowed_path_in_head_fails_naming_it(table, tmp_path, capsys):
     head = _slowed_copy(tmp_path / "head")
@@ -140,7 +141,10 @@ def test_a_slowed_path_in_head_fails_naming_it(table, tmp_path, capsys):
     slower = {(v["block"], v["key"], v["path"]) for v in report["verdicts"] if v["status"] == "slower"}
     assert {("moe_experts", 2, SLOWED), ("moe_block", 1, SLOWED)} <= slower, printed.out
     [experts] = [v for v in report["verdicts"] if v["block"] == "moe_experts"]
-    assert experts["ratio"] > 10 and all(r > 10 for r in experts["ratios"]) and len(experts["ratios"]) == MIN_SWEEPS
+    # The 20 ms sleep shows in full in the median; every sweep is beyond the tolerance (a sweep's ratio can lose
+    # some of it to a stall of the reference's side: ci21 read one sweep under 10 beside the servers' starts).
+    assert experts["ratio"] > 10 and len(experts["ratios"]) == MIN_SWEEPS
+    assert all(r > 1 + FLOORS["eager"] for r in experts["ratios"]), experts["ratios"]
     assert any(line.startswith(f"SLOWER: moe_experts T=2 {SLOWED} (eager): ref ") for line in printed.out.splitlines())
     # Every point ran correctly on both sides, with the model each root holds and this checkout's harness.
     assert {v["block"] for v in report["verdicts"]} == {"moe_experts", "moe_block", "gdn_decode", "gdn_layer_decode"}
