@@ -11,7 +11,12 @@ The report (report.md, results.jsonl) gives:
   `--write` puts into fixtures/gates/paired.yaml);
 - the A/A false alarms, each control decided with tolerances sized from the other controls (leave one out, so no
   control is judged by a tolerance it helped size);
-- per slowdown size, how often each metric is flagged, at tolerances sized from the controls of the other runs.
+- per slowdown size, how often each metric is flagged, at tolerances sized from the controls of the other runs;
+- "two looks": the same with the confirmation round's rule (harness.gates.confirm), a first look confirmed by its
+  pairs pooled with another run's. For the controls the other run is the next one of the same two server starts,
+  as a confirmation re-measures the same servers; for detection it is the next run of the same size, which came
+  from the next starts (sizes are taken in turn), so its start offsets are independent where a confirmation's
+  are not.
 """
 from __future__ import annotations
 
@@ -41,6 +46,8 @@ from harness.serving.shared_server import SESSION_KV_GIB, embedded_env, info_of
 
 PRESET = "paired"
 A, B, SLOWED = "A", "B", "B-slowed"
+# The machine kind the runs were measured on, kept with them: an analysis made later, elsewhere, reports it.
+MACHINE_FILE = "machine.txt"
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,8 @@ def run_calibration(plan: CalibrationPlan, out_root: Path, resume: Path | None =
     directory this wrote) already holds; returns the directory (results.jsonl grows per run)."""
     root = Path(resume) if resume else new_run_dir(out_root, "calibrate")
     done = len(load_results(root)) if resume else 0
+    if not (root / MACHINE_FILE).exists():
+        (root / MACHINE_FILE).write_text(machine_kind() + "\n")
     tolerances = PairedTolerances.load()
     from harness.serving.tiny_model import build_tiny_model
 
@@ -105,6 +114,12 @@ def _differences(run_path: Path, arm: str, tolerances: PairedTolerances) -> dict
     """Per check (point:metric), the pair differences of `arm` against A (None where insufficient)."""
     report = paired_gate(run_path, A, arm, tolerances)
     return {f"{r.point}:{r.metric}": (r.differences if not r.insufficient else None) for r in report.rows}
+
+
+def measured_on(directory: Path) -> str:
+    """The machine kind a calibration directory's runs were measured on, as run_calibration recorded it."""
+    path = Path(directory) / MACHINE_FILE
+    return path.read_text().strip() if path.exists() else f"not recorded (analysed on {machine_kind()})"
 
 
 def load_results(directory: Path) -> list[dict]:
@@ -165,8 +180,35 @@ def analyse(results: list[dict], tolerances: PairedTolerances, family_alpha: flo
             d = r["slowed"].get(check)
             verdict = "insufficient" if d is None else decide_differences(d, loo_margin(check, r["run"]), alpha)[0]
             detections.setdefault((r["size"], check), []).append((verdict, _mean(d)))
+    two_looks = {}
+    for i, j in _look_pairs(results, lambda a, b: a["start"] == b["start"]):
+        for check in checks:
+            two_looks.setdefault(("control", check), []).append(
+                _two_looks(i["control"].get(check), j["control"].get(check), loo_margin(check, i["run"]), alpha))
+    for i, j in _look_pairs(results, lambda a, b: a["size"] == b["size"]):
+        for check in checks:
+            two_looks.setdefault((i["size"], check), []).append(
+                _two_looks(i["slowed"].get(check), j["slowed"].get(check), loo_margin(check, i["run"]), alpha))
     return {"alpha": alpha, "checks": calibrations, "controls": controls, "detections": detections,
-            "runs": len(results), "starts": len({r["start"] for r in results})}
+            "two_looks": two_looks, "runs": len(results), "starts": len({r["start"] for r in results})}
+
+
+def _look_pairs(results: list[dict], same) -> list[tuple[dict, dict]]:
+    """Each run with the next later run that `same` holds for: a first look and the run that confirms it."""
+    pairs = []
+    for k, first in enumerate(results):
+        later = [r for r in results[k + 1:] if same(first, r)]
+        if later:
+            pairs.append((first, later[0]))
+    return pairs
+
+
+def _two_looks(first: list[float] | None, second: list[float] | None, margin: float, alpha: float) -> tuple[bool, bool]:
+    """(flagged by the first look, flagged by the first look and by both runs' pairs pooled)."""
+    if first is None or second is None:
+        return False, False
+    flagged = decide_differences(first, margin, alpha)[0] == "regression"
+    return flagged, flagged and decide_differences(first + second, margin, alpha)[0] == "regression"
 
 
 def _as_tolerance(margin: float, scale: str, direction: str) -> Tolerance | None:
@@ -187,10 +229,10 @@ def _change(mean_difference: float | None, scale: str, direction: str) -> str:
     return f"{math.expm1(-mean_difference if direction == 'higher' else mean_difference):+.1%}"
 
 
-def report_markdown(analysis: dict, how: str) -> str:
+def report_markdown(analysis: dict, how: str, machine: str) -> str:
     checks = analysis["checks"]
     lines = [f"# Paired gate calibration: {analysis['runs']} runs, {analysis['starts']} server starts of each arm",
-             "", f"Machine: {machine_kind()}. Command: `{how}`. Each check at alpha {analysis['alpha']:.4g}.", "",
+             "", f"Machine: {machine}. Command: `{how}`. Each check at alpha {analysis['alpha']:.4g}.", "",
              "## Tolerances sized from the A/A controls", "",
              "| check | controls | rms of control means | sized margin | tolerance |", "|---|---:|---:|---:|---:|"]
     for cal in checks.values():
@@ -211,17 +253,24 @@ def report_markdown(analysis: dict, how: str) -> str:
         means = [m for _, m in rows if m is not None]
         lines.append(f"| {size:g} | {check} | {flagged}/{len(rows)} | "
                      f"{_change(statistics.fmean(means) if means else None, cal.scale, cal.direction)} |")
+    lines += ["", "## Two looks: the confirmation round's rule", "",
+              "A first look's flag is confirmed by its pairs pooled with another run's: for a control, the next run "
+              "of the same two starts; for a slowdown, the next run of the same size (the next starts).", "",
+              "| arm | check | look pairs | flagged by the first look | confirmed |", "|---|---|---:|---:|---:|"]
+    for (arm, check), rows in sorted(analysis["two_looks"].items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        name = "A/A control" if arm == "control" else f"slowed {arm:g}"
+        lines.append(f"| {name} | {check} | {len(rows)} | {sum(f for f, _ in rows)} | {sum(c for _, c in rows)} |")
     return "\n".join(lines) + "\n"
 
 
-def write_tolerances(analysis: dict, how: str, path: Path = PAIRED_TOLERANCES_FILE) -> None:
+def write_tolerances(analysis: dict, how: str, machine: str, path: Path = PAIRED_TOLERANCES_FILE) -> None:
     """Put the sized tolerances into fixtures/gates/paired.yaml, with how and where they were measured."""
     raw = yaml.safe_load(Path(path).read_text()) or {}
     for cal in analysis["checks"].values():
         point, metric = cal.check.split(":")
         raw.setdefault("points", {}).setdefault(point, {})[metric] = {"value": cal.tolerance.value,
                                                                       "scale": cal.tolerance.scale}
-    raw["measured"] = {"machine": machine_kind(), "runs": analysis["runs"], "starts": analysis["starts"],
+    raw["measured"] = {"machine": machine, "runs": analysis["runs"], "starts": analysis["starts"],
                        "command": how, "date": time.strftime("%Y-%m-%d")}
     header = "".join(line + "\n" for line in Path(path).read_text().splitlines() if line.startswith("#"))
     Path(path).write_text(header + yaml.safe_dump(raw, sort_keys=False))

@@ -70,7 +70,7 @@ def add_parsers(sub) -> None:
     c.set_defaults(handler=_cmd_compare)
 
     ab = sub.add_parser("ab", help="interleaved A/B of two servers on this machine: paired verdict, exit 1 when B "
-                                   "regresses against A; without URLs, the performance reference commit's embedded "
+                                   "regresses against A (a flagged check is measured again first); without URLs, the performance reference commit's embedded "
                                    "server (A) against this checkout's (B)")
     ab.add_argument("--a", default=None, metavar="URL", help="the reference server (default: start the performance "
                                                              "reference commit's, fixtures/gates/reference.yaml)")
@@ -175,7 +175,8 @@ def _cmd_compare(a) -> int:
 def _cmd_ab(a) -> int:
     from harness.bench.run import PRESETS, list_models
     from harness.gates.interleave import Arm, interleave
-    from harness.gates.paired import PairedTolerances, paired_gate, report_markdown, write_paired_report
+    from harness.gates.confirm import confirm
+    from harness.gates.paired import PairedTolerances, paired_gate, write_paired_report
     from harness.paths import RUNS_DIR
     from harness.serving.shared_server import ServerInfo
 
@@ -197,11 +198,17 @@ def _cmd_ab(a) -> int:
                                   api_key=a.api_key) for url in (a.a, a.b)]
         arms = [Arm(name, server) for name, server in zip(("A", "B"), servers)]
         run = interleave(arms, PRESETS[a.preset], pairs, out, "ab", tokenizer=a.tokenizer, show_progress=True)
-    report = paired_gate(run.path, "A", "B", tolerances)
-    print(report_markdown(report))
-    md, js = write_paired_report(report, run.path)
+        report = paired_gate(run.path, "A", "B", tolerances)
+        md, js = write_paired_report(report, run.path)
+        # A flagged check is measured again while both servers are up, and fails only if the pooled pairs flag it.
+        result = confirm(report, {arm.label: arm for arm in arms}, PRESETS[a.preset], pairs, out, tolerances,
+                         show_progress=True, tokenizer=a.tokenizer)
+    print(result.markdown())
+    if result.pooled is not None:
+        (run.path / "confirmed").mkdir(exist_ok=True)
+        md, js = write_paired_report(result.pooled, run.path / "confirmed")
     print(f"report: {md} and {js}", file=sys.stderr)
-    return 0 if report.passed else EXIT_REGRESSION
+    return 0 if result.passed else EXIT_REGRESSION
 
 
 def _cmd_reference_show(a) -> int:
@@ -229,8 +236,8 @@ def _cmd_reference_serve(a) -> int:
 
 
 def _cmd_calibrate(a) -> int:
-    from harness.gates.calibrate import (CalibrationPlan, analyse, load_results, report_markdown, run_calibration,
-                                         write_tolerances)
+    from harness.gates.calibrate import (CalibrationPlan, analyse, load_results, measured_on, report_markdown,
+                                         run_calibration, write_tolerances)
     from harness.gates.paired import PairedTolerances
     from harness.paths import RUNS_DIR
 
@@ -245,10 +252,10 @@ def _cmd_calibrate(a) -> int:
                                              resume=a.resume)
     how = f"qwen36 calibrate --runs {a.runs} --restart-every {a.restart_every} --sizes {a.sizes}"
     analysis = analyse(load_results(directory), PairedTolerances.load())
-    text = report_markdown(analysis, how)
+    text = report_markdown(analysis, how, measured_on(directory))
     (Path(directory) / "report.md").write_text(text)
     print(text)
     if a.write:
-        write_tolerances(analysis, how)
+        write_tolerances(analysis, how, measured_on(directory))
         print("tolerances written to fixtures/gates/paired.yaml", file=sys.stderr)
     return 0

@@ -27,6 +27,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import yaml
 from scipy import special
@@ -189,35 +190,49 @@ class PairedTolerances:
         return tuple(self.points[point]) if point in self.points else tuple(load_policy())
 
 
-def paired_gate(run_path: Path, a: str, b: str, tolerances: PairedTolerances | None = None,
+def paired_gate(run_path: Path | Sequence[Path], a: str, b: str, tolerances: PairedTolerances | None = None,
                 metrics: dict[str, tuple[str, ...]] | None = None, family_alpha: float = FAMILY_ALPHA) -> PairedReport:
     """Decide every (point, gated metric) of an interleaved run (harness.gates.interleave), or only `metrics`
-    (point -> metric names): arm `b` (the candidate) against arm `a` (the reference), pair by pair."""
-    run_path = Path(run_path)
+    (point -> metric names): arm `b` (the candidate) against arm `a` (the reference), pair by pair. Given several
+    runs of the same arms (a first look and its confirmation, harness.gates.confirm), their pairs are pooled,
+    numbered on from one run to the next; a point one run lacks takes the pairs of the others."""
+    paths = [Path(run_path)] if isinstance(run_path, (str, Path)) else [Path(p) for p in run_path]
+    tolerances = tolerances or PairedTolerances.load()
+    points: dict[str, list[tuple[dict, dict, int]]] = {}
+    notes, excluded, rounds = [], {}, 0
+    for path in paths:
+        meta = _rounds_meta(path, (a, b))
+        arms = {"a": load_run(path / a).points, "b": load_run(path / b).points}
+        for point in meta["points"]:
+            if metrics is not None and point not in metrics:
+                continue
+            blocks = {w: {r["repeat"]: r for r in arms[w].get(point, [])} for w in arms}
+            paired = sorted(set(blocks["a"]) & set(blocks["b"]))
+            points.setdefault(point, []).extend((blocks["a"][i], blocks["b"][i], rounds + i) for i in paired)
+            for w in arms:
+                excluded.setdefault(point, {"a": [], "b": []})[w] += [blocks[w][i].get("stalled_excluded", 0)
+                                                                      for i in paired]
+        if meta.get("end_reason") != "completed":
+            notes.append(f"the measurement {path.name} ended early: {meta.get('end_reason')}")
+        rounds += meta["rounds"]
+    checks = [(point, metric, pairs) for point, pairs in points.items()
+              for metric in (metrics or {}).get(point, tolerances.checks(point))]
+    alpha = family_alpha / max(1, len(checks))
+    rows = [_row(point, metric, pairs, tolerances.tolerance(point, metric), alpha)
+            for point, metric, pairs in checks]
+    return PairedReport(str(paths[0]), {"a": a, "b": b}, rounds, rows, excluded, notes, family_alpha)
+
+
+def _rounds_meta(run_path: Path, arms: tuple[str, ...]) -> dict:
+    """An interleaved run's rounds.json, refused where it is not one or lacks one of `arms`."""
     try:
         meta = json.loads((run_path / "rounds.json").read_text())
     except (OSError, ValueError) as exc:
         raise HarnessError(f"{run_path} is not an interleaved run ({exc}); make one with `qwen36 ab`") from exc
-    for arm in (a, b):
+    for arm in arms:
         if arm not in meta["arms"]:
             raise HarnessError(f"{run_path} has no arm {arm!r}; its arms: {', '.join(meta['arms'])}")
-    tolerances = tolerances or PairedTolerances.load()
-    arms = {"a": load_run(run_path / a).points, "b": load_run(run_path / b).points}
-    checks, notes, excluded = [], [], {}
-    for point in meta["points"]:
-        if metrics is not None and point not in metrics:
-            continue
-        blocks = {w: {r["repeat"]: r for r in arms[w].get(point, [])} for w in arms}
-        paired = sorted(set(blocks["a"]) & set(blocks["b"]))
-        excluded[point] = {w: [blocks[w][i].get("stalled_excluded", 0) for i in paired] for w in arms}
-        for metric in (metrics or {}).get(point, tolerances.checks(point)):
-            checks.append((point, metric, [(blocks["a"][i], blocks["b"][i], i) for i in paired]))
-    alpha = family_alpha / max(1, len(checks))
-    rows = [_row(point, metric, pairs, tolerances.tolerance(point, metric), alpha)
-            for point, metric, pairs in checks]
-    if meta.get("end_reason") != "completed":
-        notes.append(f"the measurement ended early: {meta.get('end_reason')}")
-    return PairedReport(str(run_path), {"a": a, "b": b}, meta["rounds"], rows, excluded, notes, family_alpha)
+    return meta
 
 
 def _row(point: str, metric: str, pairs: list[tuple[dict, dict, int]], tolerance: Tolerance,

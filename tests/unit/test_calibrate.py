@@ -1,5 +1,6 @@
 """harness.gates.calibrate's analysis on synthetic runs: tolerances sized from the controls (never under the
-policy's), each control judged leave-one-out, detections counted per size, and the file written back."""
+policy's), each control judged leave-one-out, detections counted per size, the confirmation round's rule ("two
+looks") counted the same ways, the machine taken from the measurement, and the file written back."""
 from __future__ import annotations
 
 import math
@@ -7,7 +8,7 @@ import math
 import numpy as np
 import yaml
 
-from harness.gates.calibrate import analyse, report_markdown, write_tolerances
+from harness.gates.calibrate import MACHINE_FILE, analyse, measured_on, report_markdown, write_tolerances
 from harness.gates.decision import Tolerance
 from harness.gates.paired import PairedTolerances
 
@@ -48,7 +49,7 @@ def test_a_control_far_off_is_a_false_alarm_judged_by_the_others_tolerance():
     analysis = analyse(results, TOL)
     alarms = [c["run"] for c in analysis["controls"] if c["false_alarm"]]
     assert alarms == [5]
-    assert "A/A false alarms: 1 of 12 controls" in report_markdown(analysis, "test")
+    assert "A/A false alarms: 1 of 12 controls" in report_markdown(analysis, "test", "m")
 
 
 def test_an_insufficient_control_counts_as_a_false_alarm():
@@ -60,10 +61,31 @@ def test_an_insufficient_control_counts_as_a_false_alarm():
 def test_writing_keeps_the_files_comments_and_records_where_it_was_measured(tmp_path):
     path = tmp_path / "paired.yaml"
     path.write_text("# a comment that stays\npairs: 8\npoints: {}\n")
-    write_tolerances(analyse(runs(start_sd=0.08), TOL), "qwen36 calibrate --runs 12", path)
+    write_tolerances(analyse(runs(start_sd=0.08), TOL), "qwen36 calibrate --runs 12", "the kind measured on", path)
     text = path.read_text()
     raw = yaml.safe_load(text)
     assert text.startswith("# a comment that stays\n") and raw["pairs"] == 8
     assert raw["points"]["decode-micro@c2"]["output_tps_p10"]["value"] > 0.10
     assert raw["measured"]["runs"] == 12 and raw["measured"]["command"] == "qwen36 calibrate --runs 12"
-    assert math.isclose(raw["measured"]["starts"], 4)
+    assert math.isclose(raw["measured"]["starts"], 4) and raw["measured"]["machine"] == "the kind measured on"
+
+
+def test_the_machine_is_the_one_the_runs_were_measured_on_not_the_one_analysing_them(tmp_path):
+    assert measured_on(tmp_path).startswith("not recorded (analysed on ")
+    (tmp_path / MACHINE_FILE).write_text("x86_64, 2 CPUs, AuthenticAMD 25 1\n")
+    assert measured_on(tmp_path) == "x86_64, 2 CPUs, AuthenticAMD 25 1"
+
+
+def test_two_looks_pair_a_control_with_the_next_run_of_its_starts_and_a_slowdown_with_the_next_of_its_size():
+    results = runs(start_sd=0.01)
+    # start 1's second run: a first-look alarm, 9% worse against a tolerance of about 5%; its confirmation (the
+    # next run of start 1) reads 2% better, so the pooled mean (3.4%) is within the tolerance
+    results[4]["control"][TPS] = [0.07 + 0.005 * k for k in range(8)]
+    results[5]["control"][TPS] = [-0.02 + 0.001 * k for k in range(8)]
+    looks = analyse(results, TOL)["two_looks"]
+    controls = looks[("control", TPS)]
+    assert len(controls) == 8  # 4 starts of 3 runs: 2 look pairs each
+    assert sum(f for f, _ in controls) == 1 and sum(c for _, c in controls) == 0
+    slowed = looks[(0.2, TPS)]
+    assert len(slowed) == 5 and all(f and c for f, c in slowed)  # a 0.4 shift: caught and confirmed every time
+    assert "## Two looks" in report_markdown(analyse(results, TOL), "test", "m")
