@@ -30,15 +30,17 @@ def _positive(text: str) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", nargs="?", choices=("all", "moe", "gdn"), default="all",
-                   help="moe: routed experts + whole block; gdn: delta rule + the layer by stage; all: both")
+    p.add_argument("target", nargs="?", choices=("all", "moe", "gdn", "step"), default="all",
+                   help="moe: routed experts + whole block; gdn: delta rule + the layer by stage; all: both; "
+                        "step: the whole per-rank decode step, eager, by block kind (writes no table)")
     p.add_argument("--device", default=None, help="default: cuda when there is one, else cpu")
     p.add_argument("--dtype", choices=("bfloat16", "float32", "float16"), default=None,
                    help="default: bfloat16 on CUDA (serving), float32 on a CPU")
     p.add_argument("--dims", choices=("real", "tiny"), default="real",
                    help="real: Qwen3.6-35B-A3B per rank at TP=4; tiny: the same ratios, seconds on a CPU")
     p.add_argument("--hf-config", type=Path, default=None, help="dims from this checkpoint dir's config.json instead")
-    p.add_argument("--tp", type=int, default=4, help="with --hf-config: tensor-parallel ranks to split over")
+    p.add_argument("--tp", type=int, default=4,
+                   help="with --hf-config, and for step: tensor-parallel ranks to split over")
     p.add_argument("--moe-tokens", type=_ints, default=None, help="default: 1..16, then 32, 64, ..., 8192")
     p.add_argument("--moe-block-tokens", type=_ints, default=None,
                    help="default: 1,8,4096")
@@ -47,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gdn-decode-batches", type=_ints, default=None,
                    help="default: 1,8,64,256")
     p.add_argument("--no-layer", action="store_true", help="gdn: skip the layer's stage-by-stage timing")
+    p.add_argument("--step-batches", type=_ints, default=None, help="step: decode batch sizes (default: 1,8,64)")
+    p.add_argument("--step-prefill", type=_positive, default=None,
+                   help="step: prompt tokens per sequence before the timed step (default: 256)")
     p.add_argument("--reps", type=int, default=20, help="timed samples per path and point (median reported)")
     p.add_argument("--sweeps", type=_positive, default=3,
                    help="passes over every point (each a median of --reps samples); the table keeps every pass, "
@@ -111,7 +116,11 @@ def add_parser(sub) -> None:
 
 
 def run_command(a) -> int:
-    """Route parsed `tune` arguments to the A/B, the gate or the recording."""
+    """Route parsed `tune` arguments to the step timing, the A/B, the gate or the recording."""
+    if a.target == "step":
+        from .step import run_step  # torch and the model load only when the command runs
+
+        return run_step(a)
     if a.add_run_from is not None:
         from .add_run import add_reported_run
 

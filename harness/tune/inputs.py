@@ -1,19 +1,32 @@
 """Seeded random inputs for the tuner, drawn on the target device (never zeros: zeros run faster than real
 data and hide unwritten outputs). Scales keep activations O(1): weights N(0, 1/fan_in); the GDN gating
-parameters span HF's init ranges (A in [0.01, 16], dt_bias around 1) so decays cover fast and slow heads."""
+parameters span HF's init ranges (A in [0.01, 16], dt_bias around 1) so decays cover fast and slow heads;
+zero-centred norm weights (used as 1 + w) stay near 0. The whole model comes at one rank's shapes under
+vLLM's tensor parallelism (`rank_config`, `rank_weights`), built directly at those shapes."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 
+from model.attention import AttentionDims, AttentionWeights
 from model.gdn import GDNDims, GDNWeights, gdn_gating
 from model.moe import MoEWeights, route_reference
+from model.qwen36 import DenseMLPWeights, LayerWeights, Qwen36Config, Qwen36Weights
+from model.tp import check_divisible, kv_heads_for_rank
 
 from .dims import MoEDims
+from .floors import moe_dims_of
 
-__all__ = ["generator", "moe_weights", "moe_hidden", "moe_routing", "gdn_rule_inputs", "gdn_weights", "gdn_hidden"]
+__all__ = ["generator", "moe_weights", "moe_hidden", "moe_routing", "gdn_rule_inputs", "gdn_weights", "gdn_hidden",
+           "attention_weights", "rank_config", "rank_weights", "VOCAB_PADDING"]
+
+# vLLM's VocabParallelEmbedding / ParallelLMHead pad the vocabulary to a multiple of 64
+# (DEFAULT_VOCAB_PADDING_SIZE) and give each rank an equal contiguous slice: 248320 / 4 = 62080 rows at TP=4.
+VOCAB_PADDING = 64
+NORM_SCALE = 0.1  # zero-centred norm weights: 1 + N(0, 0.1^2)
 
 
 def generator(device: torch.device, seed: int) -> torch.Generator:
@@ -83,3 +96,77 @@ def gdn_weights(d: GDNDims, dtype: torch.dtype, device: torch.device, seed: int 
 
 def gdn_hidden(batch: int, tokens: int, d: GDNDims, dtype: torch.dtype, device: torch.device, seed: int):
     return _randn(generator(device, seed), (batch, tokens, d.hidden_size), device, dtype)
+
+
+def attention_weights(d: AttentionDims, dtype: torch.dtype, device: torch.device, seed: int = 3) -> AttentionWeights:
+    gen = generator(device, seed)
+    h, heads, kv = d.hidden_size, d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
+    return AttentionWeights(
+        q_proj=_randn(gen, (2 * heads, h), device, dtype, h**-0.5),
+        k_proj=_randn(gen, (kv, h), device, dtype, h**-0.5),
+        v_proj=_randn(gen, (kv, h), device, dtype, h**-0.5),
+        o_proj=_randn(gen, (h, heads), device, dtype, heads**-0.5),
+        q_norm=_randn(gen, (d.head_dim,), device, dtype, NORM_SCALE),
+        k_norm=_randn(gen, (d.head_dim,), device, dtype, NORM_SCALE),
+        dims=d,
+    )
+
+
+def rank_config(cfg: Qwen36Config, tp: int) -> Qwen36Config:
+    """One rank's share of the model under vLLM's TP=`tp` sharding (model/tp), as a config of its own:
+    query heads, GDN key/value heads, expert, shared-expert and dense intermediates and the (padded) vocabulary
+    divided by tp; kv heads divided, or 1 where vLLM replicates them (fewer kv heads than ranks); the hidden
+    size, the router (all experts on every rank), head dims and norms whole."""
+    padded_vocab = -(-cfg.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+    return replace(
+        cfg,
+        vocab_size=check_divisible(f"vocab_size padded to {padded_vocab}", padded_vocab, tp),
+        num_attention_heads=check_divisible("num_attention_heads", cfg.num_attention_heads, tp),
+        num_key_value_heads=len(kv_heads_for_rank(0, tp, cfg.num_key_value_heads)),
+        linear_num_key_heads=check_divisible("linear_num_key_heads", cfg.linear_num_key_heads, tp),
+        linear_num_value_heads=check_divisible("linear_num_value_heads", cfg.linear_num_value_heads, tp),
+        moe_intermediate_size=check_divisible("moe_intermediate_size", cfg.moe_intermediate_size, tp),
+        shared_expert_intermediate_size=check_divisible(
+            "shared_expert_intermediate_size", cfg.shared_expert_intermediate_size, tp),
+        intermediate_size=None if cfg.intermediate_size is None else check_divisible(
+            "intermediate_size", cfg.intermediate_size, tp),
+    )
+
+
+def _dense_mlp_weights(hidden: int, inter: int, dtype, device, seed: int) -> DenseMLPWeights:
+    gen = generator(device, seed)
+    return DenseMLPWeights(gate_proj=_randn(gen, (inter, hidden), device, dtype, hidden**-0.5),
+                           up_proj=_randn(gen, (inter, hidden), device, dtype, hidden**-0.5),
+                           down_proj=_randn(gen, (hidden, inter), device, dtype, inter**-0.5))
+
+
+def rank_weights(cfg: Qwen36Config, dtype: torch.dtype, device: torch.device, seed: int = 10) -> Qwen36Weights:
+    """Random weights of a whole model at `cfg`'s shapes (pass `rank_config(...)` for one rank's), drawn on
+    `device` layer by layer, each block from its own seed. The embedding is N(0, 1) (the first norm rescales
+    it); every projection N(0, 1/fan_in), so the pre-norm residual stream grows only like sqrt(layers)."""
+    h = cfg.hidden_size
+    gen = generator(device, seed)
+    layers = []
+    for i, kind in enumerate(cfg.layer_types):
+        block_seed = seed + 1000 * (i + 1)
+        if kind == "linear_attention":
+            mixer = gdn_weights(cfg.gdn_dims, dtype, device, block_seed)
+        else:
+            mixer = attention_weights(cfg.attention_dims, dtype, device, block_seed)
+        if cfg.is_moe_layer(i):
+            mlp = moe_weights(moe_dims_of(cfg), dtype, device, block_seed + 1)
+        elif cfg.intermediate_size is None:
+            raise ValueError(f"layer {i} has a dense MLP (mlp_only_layers / decoder_sparse_step) but the config "
+                             "has no intermediate_size: add it to the config")
+        else:
+            mlp = _dense_mlp_weights(h, cfg.intermediate_size, dtype, device, block_seed + 1)
+        layers.append(LayerWeights(kind=kind, mixer=mixer, mlp=mlp,
+                                   input_norm=_randn(gen, (h,), device, dtype, NORM_SCALE),
+                                   post_norm=_randn(gen, (h,), device, dtype, NORM_SCALE)))
+    return Qwen36Weights(
+        config=cfg,
+        embed=_randn(gen, (cfg.vocab_size, h), device, dtype),
+        layers=tuple(layers),
+        final_norm=_randn(gen, (h,), device, dtype, NORM_SCALE),
+        lm_head=_randn(gen, (cfg.vocab_size, h), device, dtype, h**-0.5),
+    )

@@ -1,5 +1,6 @@
 """The MoE sweeps: every available path of model.moe.EXPERT_PATHS at each token count (routed experts alone),
-and the whole block (router, routed experts on each path, sigmoid-gated shared expert) at a few counts."""
+the whole block (router, routed experts on each path, sigmoid-gated shared expert) at a few counts, and every
+router of model.moe.ROUTERS (the routing alone)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,7 +9,7 @@ from typing import Callable, Collection
 import torch
 import torch.nn.functional as F
 
-from model.moe import EXPERT_PATHS, ROUTERS, MoEWeights, moe_block_reference, shared_expert
+from model.moe import EXPERT_PATHS, ROUTERS, MoEWeights, moe_block_reference, route_reference, shared_expert
 from model.moe.experts import experts_magnitude
 
 from model import tolerances
@@ -20,7 +21,7 @@ from .measure import Measurement, Settings, check_error, measure
 from .prune import Pruner
 
 __all__ = ["ExpertPoint", "expert_point", "measure_expert_fn", "sweep_moe_experts", "sweep_moe_block",
-           "unavailable_expert_paths"]
+           "sweep_moe_router", "unavailable_expert_paths"]
 
 
 def unavailable_expert_paths(s: Settings) -> dict[str, str]:
@@ -139,4 +140,41 @@ def sweep_moe_block(d: MoEDims, tokens_list, s: Settings, ceilings: Ceilings, pr
 
             rows.append(measure(m, block, lambda out=out: out.fill_(float("nan")),
                                 lambda out=out: (check_error(out, ref, scale), ""), s))
+    return rows
+
+
+def sweep_moe_router(d: MoEDims, tokens_list, s: Settings, tick: Callable[[str], None], w: MoEWeights | None = None,
+                     rows: list[Measurement] | None = None) -> list[Measurement]:
+    """Every router of model.moe.ROUTERS that runs here (the reference is the check, not a candidate), on the
+    same router logits at each token count: the routing alone, as moe_block calls it after the router GEMM.
+    Outputs are checked against route_reference: ids exactly, weights within tolerances.ROUTER_WEIGHTS (the
+    largest absolute difference, which the rows' `err` column shows). Rows are block `moe_router`, which the
+    dispatch table does not record: a router is chosen by hand (model.qwen36's `Qwen36Paths.router`)."""
+    w = w or moe_weights(d, s.dtype, s.device)
+    rows = [] if rows is None else rows
+    bound = tolerances.ROUTER_WEIGHTS[torch.float32]
+    for tokens in tokens_list:
+        tick(f"moe router T={tokens}")
+        logits = F.linear(moe_hidden(tokens, d, s.dtype, s.device, seed=20_000 + tokens), w.router)
+        ref_weights, ref_ids = route_reference(logits, w.top_k)
+        for path in ROUTERS.candidates():
+            if not path.supports(tokens, s.dtype, s.device):
+                continue
+            out: dict[str, torch.Tensor] = {}  # the latest call's outputs (a graph's, once captured)
+
+            def call(route=path.fn, out=out):
+                out["weights"], out["ids"] = route(logits, w.top_k)
+
+            def poison(out=out):
+                if out:
+                    out["weights"].fill_(float("nan"))
+                    out["ids"].fill_(-1)
+
+            def check(out=out):
+                if not torch.equal(out["ids"], ref_ids):
+                    return float("inf"), "expert ids differ from route_reference's"
+                return (out["weights"].double() - ref_weights.double()).abs().max().item(), ""
+
+            rows.append(measure(Measurement("moe_router", tokens, path.name, "error", bound=bound), call, poison,
+                                check, s))
     return rows

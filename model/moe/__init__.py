@@ -4,7 +4,9 @@ from .config import MoEConfig, MoEConfigError
 from .dispatch import dispatch_experts, select_expert_path
 from .experts import EXPERT_PATHS, ExpertPath, expert_paths_for, register_expert_path, run_expert_path
 from . import expert_paths  # noqa: F401  (each module there registers its paths into EXPERT_PATHS)
-from .router import ROUTERS, route_reference, route_topk_softmax, topk_lowest_id_on_ties
+from .router import (
+    ROUTERS, RouterPath, route_reference, route_topk_softmax, route_triton_fused, topk_lowest_id_on_ties,
+)
 
 __all__ = [
     "EXPERT_PATHS",
@@ -14,6 +16,7 @@ __all__ = [
     "MoEConfigError",
     "MoEWeights",
     "ROUTERS",
+    "RouterPath",
     "dispatch_experts",
     "expert_paths_for",
     "fuse_per_expert_weights",
@@ -22,6 +25,7 @@ __all__ = [
     "register_expert_path",
     "route_reference",
     "route_topk_softmax",
+    "route_triton_fused",
     "run_expert_path",
     "select_expert_path",
     "shared_expert",

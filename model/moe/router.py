@@ -1,15 +1,37 @@
 """MoE router: which experts each token visits and with what weight.
 
-Tie rule (both variants): experts are ranked by their float32 router logit, larger first; among exactly
+Tie rule (every variant): experts are ranked by their float32 router logit, larger first; among exactly
 equal logits the lower expert id ranks first. Selection is defined on the logits, not on the rounded
 softmax probabilities: softmax is monotonic, so both orders agree in exact arithmetic, but rounding can
 make two different logits produce equal float32 probabilities and invent a tie that does not exist.
+
+The variants are registered in `ROUTERS`, a path table (model.paths) whose entries are called like the
+routers themselves; `triton_fused` (model.moe.triton_router) runs only where Triton does (`supports`).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-__all__ = ["route_reference", "route_topk_softmax", "ROUTERS", "topk_lowest_id_on_ties"]
+from ..paths import ComputePath, DtypeRule, PathTable
+
+try:
+    import triton  # noqa: F401  (only whether it imports)
+except ImportError:  # a torch build or platform without Triton
+    triton = None
+
+if triton is not None:
+    from . import triton_router
+
+__all__ = [
+    "ROUTERS",
+    "RouterPath",
+    "route_reference",
+    "route_topk_softmax",
+    "route_triton_fused",
+    "topk_lowest_id_on_ties",
+]
 
 
 def _as_router_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -69,8 +91,41 @@ def route_topk_softmax(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, 
     return torch.softmax(top_logits, dim=-1), ids
 
 
-# Every router variant; tests iterate this table.
-ROUTERS = {
-    "reference": route_reference,
-    "topk_softmax": route_topk_softmax,
-}
+def route_triton_fused(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`route_topk_softmax` in one Triton kernel (model.moe.triton_router): one launch instead of ~10."""
+    _check_top_k(logits, top_k)
+    if triton is None:
+        raise ValueError("the 'triton_fused' router needs Triton, which is not installed; use 'topk_softmax'")
+    return triton_router.route_triton_fused(logits, top_k)
+
+
+def _triton_router_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
+    if triton is None:
+        return "Triton is not installed"
+    return triton_router.unavailable_reason(device)
+
+
+def _always_float32(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32
+
+
+@dataclass(frozen=True)
+class RouterPath(ComputePath):
+    """A router's table entry, called like the router itself: `ROUTERS[name](logits, top_k)`, as
+    `moe_block(..., router=name)` does."""
+
+    output_dtype_rule: DtypeRule = _always_float32  # routing weights are float32 whatever the logits' dtype
+
+    def __call__(self, logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.fn(logits, top_k)
+
+
+# Every router variant; tests iterate this table (a path's `supports` says where it runs: check it before
+# calling a path on a device). Input dtype is the logits' dtype.
+ROUTERS = PathTable("router", [
+    RouterPath("reference", route_reference, "fp32 softmax over all experts, stable sort, renormalise",
+               is_reference=True),
+    RouterPath("topk_softmax", route_topk_softmax, "top-k of the logits by packed int64 keys, softmax over the k"),
+    RouterPath("triton_fused", route_triton_fused, "top-k and softmax in one Triton kernel, one program per token",
+               why_unavailable=_triton_router_unavailable),
+])

@@ -6,11 +6,13 @@
     logits = lm_head(final_norm(h))
 State per layer: GDNState (conv window + recurrent state) or KVCache; `Qwen36Cache.length` tokens seen.
 Which registered path each block runs is chosen by `Qwen36Paths`; the default is the serving dispatch.
+`forward(..., trace=...)` runs each block inside `trace(kind)` (kinds: TRACE_KINDS), for a profiler that
+times blocks without a copy of this loop; without it nothing is wrapped.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Callable, ContextManager, Union
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +23,13 @@ from ..moe import MoEConfig, MoEWeights, moe_block
 from ..norm import RMS_NORM_PATHS
 from .weights import DenseMLPWeights, Qwen36Weights
 
-__all__ = ["Qwen36Paths", "Qwen36Cache", "Qwen36Model"]
+__all__ = ["Qwen36Paths", "Qwen36Cache", "Qwen36Model", "TRACE_KINDS"]
+
+# The block kinds `forward` names to its `trace`: the input embedding, every RMSNorm between blocks (two per
+# layer and the final one; q/k norms and the GDN gated norm belong to their mixer), the two mixers, the sparse
+# MoE block or a dense MLP, and the lm_head. Residual adds are in no block.
+TRACE_KINDS = ("embed", "norm", "gdn", "attention", "moe", "mlp", "lm_head")
+Trace = Callable[[str], ContextManager]
 
 
 @dataclass(frozen=True)
@@ -72,27 +80,38 @@ class Qwen36Model:
         return out.reshape(h.shape)
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, cache: Qwen36Cache | None = None) -> tuple[torch.Tensor, Qwen36Cache]:
-        """logits [B, T, vocab] for `input_ids` [B, T] following `cache` (None: a fresh batch of sequences)."""
+    def forward(
+        self, input_ids: torch.Tensor, cache: Qwen36Cache | None = None, trace: Trace | None = None
+    ) -> tuple[torch.Tensor, Qwen36Cache]:
+        """logits [B, T, vocab] for `input_ids` [B, T] following `cache` (None: a fresh batch of sequences).
+
+        `trace`: called as `trace(kind)` around each block (kind in TRACE_KINDS), returning a context manager;
+        None leaves every block unwrapped, so the untraced step costs what it did before the hook."""
         if input_ids.dim() != 2 or input_ids.shape[1] < 1:
             raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}; expected [batch, tokens >= 1]")
         cache = self.new_cache() if cache is None else cache
         rms = RMS_NORM_PATHS[self.paths.norm].fn
+        embed, gdn, attention, mlp, lm_head = F.embedding, gdn_layer, gated_attention, self._mlp, F.linear
+        if trace is not None:  # each block inside trace(kind); without a trace nothing is wrapped
+            rms = _traced(trace, "norm", rms)
+            embed, lm_head = _traced(trace, "embed", embed), _traced(trace, "lm_head", lm_head)
+            gdn, attention = _traced(trace, "gdn", gdn), _traced(trace, "attention", attention)
+            mlp = _traced(trace, _mlp_kind, mlp)
         eps = self.config.rms_norm_eps
-        h = F.embedding(input_ids, self.weights.embed)
+        h = embed(input_ids, self.weights.embed)
         new_states = []
         for layer, state in zip(self.weights.layers, cache.layers):
             x = rms(h, layer.input_norm, eps)
             if layer.kind == "linear_attention":
-                y, state = gdn_layer(
+                y, state = gdn(
                     x, layer.mixer, state, rule=self.paths.gdn_rule, conv=self.paths.gdn_conv, norm=self.paths.norm
                 )
             else:
-                y, state = gated_attention(x, layer.mixer, state, core=self.paths.attention_core, norm=self.paths.norm)
+                y, state = attention(x, layer.mixer, state, core=self.paths.attention_core, norm=self.paths.norm)
             new_states.append(state)
             h = h + y
-            h = h + self._mlp(rms(h, layer.post_norm, eps), layer.mlp)
-        logits = F.linear(rms(h, self.weights.final_norm, eps), self.weights.lm_head)
+            h = h + mlp(rms(h, layer.post_norm, eps), layer.mlp)
+        logits = lm_head(rms(h, self.weights.final_norm, eps), self.weights.lm_head)
         return logits, Qwen36Cache(layers=tuple(new_states), length=cache.length + input_ids.shape[1])
 
     __call__ = forward
@@ -111,3 +130,17 @@ class Qwen36Model:
             logits, cache = self.forward(tokens[-1][:, None], cache)
             tokens.append(logits[:, -1].argmax(-1))
         return torch.stack(tokens, dim=1)
+
+
+def _mlp_kind(h: torch.Tensor, w: Union[MoEWeights, DenseMLPWeights]) -> str:
+    return "moe" if isinstance(w, MoEWeights) else "mlp"
+
+
+def _traced(trace: Trace, kind: Union[str, Callable[..., str]], fn: Callable) -> Callable:
+    """`fn` run inside `trace(kind)`; `kind` may be a function of fn's positional arguments."""
+
+    def block(*args, **kwargs):
+        with trace(kind if isinstance(kind, str) else kind(*args)):
+            return fn(*args, **kwargs)
+
+    return block

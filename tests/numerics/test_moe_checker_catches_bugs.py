@@ -12,11 +12,12 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, settings
 
-from model.moe import EXPERT_PATHS, ExpertPath
+from model.moe import EXPERT_PATHS, ROUTERS, ExpertPath, RouterPath
 from model.moe.experts import _group_by_expert, experts_sorted, silu_and_mul
-from model.moe.router import route_topk_softmax
+from model.moe.router import route_reference, route_topk_softmax, topk_lowest_id_on_ties
 from model import tolerances
 from tests.numerics.moe_cases import check_expert_path, make_router_logits, moe_cases
+from tests.numerics.test_moe_router import run_router_property
 
 # Failures are expected here: no example database (they must not replay in other tests), fixed seed.
 FALSIFY = settings(max_examples=200, derandomize=True, database=None, deadline=None,
@@ -99,6 +100,50 @@ def test_router_without_renormalisation_is_reported_with_a_shrunk_counterexample
     report = falsifying_report(excinfo)
     # Renormalisation only matters when some probability mass lies outside the top-k: two experts, top-1.
     assert shrunk_field(report, "tokens") == 1 and shrunk_field(report, "experts") == 2, report
+
+
+# --- the router property (tests/numerics/test_moe_router.py: check_router), which every router passes,
+# the fused Triton one included: the same property must catch each of these.
+
+def route_higher_id_on_ties(logits, top_k):
+    """`topk_softmax` with the tie rule reversed: among equal logits the higher expert id first."""
+    weights, flipped_ids = route_topk_softmax(logits.flip(-1), top_k)
+    return weights, logits.shape[-1] - 1 - flipped_ids
+
+
+def route_signed_zero_breaks_ties(logits, top_k):
+    """`topk_softmax` without the `+ 0.0`: -0.0 ranks below +0.0 instead of tying with it."""
+    top_logits, ids = topk_lowest_id_on_ties(logits.float(), top_k)
+    return torch.softmax(top_logits, dim=-1), ids
+
+
+def route_selected_but_not_renormalised(logits, top_k):
+    """The right experts with their full-softmax probabilities: the renormalisation over the k forgotten."""
+    _, ids = route_reference(logits, top_k)
+    return torch.softmax(logits.float(), dim=-1).gather(-1, ids), ids
+
+
+@pytest.mark.parametrize(
+    ("wrong_fn", "shrunk_kind"),
+    [
+        (route_higher_id_on_ties, None),  # any kind with ties: few_values or signed_zeros
+        (route_signed_zero_breaks_ties, "signed_zeros"),
+        (route_selected_but_not_renormalised, None),
+    ],
+    ids=["higher_id_on_ties", "signed_zero_breaks_ties", "not_renormalised"],
+)
+def test_wrong_router_is_reported_with_a_shrunk_counterexample(wrong_fn, shrunk_kind):
+    wrong = RouterPath(f"wrong_{wrong_fn.__name__}", wrong_fn)
+    with patch.dict(ROUTERS, {wrong.name: wrong}):  # registered like any router, then removed
+        with pytest.raises(AssertionError) as excinfo:
+            run_router_property(ROUTERS[wrong.name], run_settings=FALSIFY)
+    assert wrong.name not in ROUTERS
+    report = falsifying_report(excinfo)
+    # Shrunk to one token and a handful of experts (two show each bug; the drawn seed must also make the tie
+    # or the mass outside the top-k, so the shrinker may stop at three or four).
+    assert shrunk_field(report, "tokens") == 1 and shrunk_field(report, "experts") <= 4, report
+    if shrunk_kind is not None:
+        assert f"kind='{shrunk_kind}'" in report, report
 
 
 def experts_sorted_slightly_off(x, w13, w2, weights, ids, out):

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import time
 
 import pytest
 import torch
 from hypothesis import strategies as st
 
-from model.moe import EXPERT_PATHS, MoEConfig, moe_block
+from model.moe import EXPERT_PATHS, ROUTERS, MoEConfig, moe_block
 from model.moe.experts import experts_reference
 from model.tp import moe_block_tp
 from model import tolerances
@@ -22,6 +23,9 @@ from tests.numerics.compare import assert_close, poisoned_like
 from tests.numerics.moe_cases import (
     ROUTING_PATTERNS, MoECase, block_reference, check_expert_path, expert_path_error, make_hidden, make_moe_weights,
     make_routing, moe_cases,
+)
+from tests.numerics.test_moe_router import (
+    LOGIT_KINDS, RouterCase, check_router, make_logits, router_logit_cases, run_router_property,
 )
 
 pytestmark = pytest.mark.gpu
@@ -192,3 +196,95 @@ def test_triton_grouped_at_prefill_sizes_equals_reference(tokens):
         ref = experts_reference(x, w.w13, w.w2, weights, ids, poisoned_like(x.shape, torch.float64, DEVICE))
         err = assert_close(out, ref, tolerances.expert_path_tolerance(path.name, torch.bfloat16), f"T={tokens} {pattern}")
         REPORT["errors"][f"triton_grouped/bfloat16/T{tokens}/{pattern}"] = err
+
+
+# --- the fused Triton router (model.moe.triton_router) at the real dims: E = 256, top-8 ------------------
+
+
+def test_triton_fused_router_is_available_on_the_gpu():
+    """Otherwise a router sweep would leave it out without a word."""
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        assert ROUTERS["triton_fused"].supports(1, dtype, DEVICE), ROUTERS["triton_fused"].unavailable_reason(DEVICE, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("tokens", [1, 8, 64, 4096])
+def test_triton_fused_router_at_real_dims_equals_reference(tokens, dtype):
+    """Ids exactly the reference's, weights within float32's bound of the reference and the float64
+    specification, for every logit kind (ties, signed zeros, coarse, random)."""
+    for kind in LOGIT_KINDS:
+        case = RouterCase(tokens=tokens, experts=REAL["experts"], top_k=REAL["top_k"], dtype=dtype, kind=kind, seed=tokens)
+        check_router(ROUTERS["triton_fused"], case, DEVICE)
+
+
+def test_triton_fused_router_property_at_real_expert_count():
+    run_router_property(
+        ROUTERS["triton_fused"],
+        router_logit_cases(tokens=st.integers(1, 512), experts=st.just(REAL["experts"]),
+                           top_k=st.sampled_from([1, 2, REAL["top_k"], REAL["experts"]])),
+        device=DEVICE,
+    )
+
+
+def test_triton_fused_router_ranks_non_finite_logits_as_topk_softmax_does_on_the_gpu():
+    """NaN of either sign, +-inf: the same ids as route_topk_softmax on this device (CUDA's `+ 0.0` makes every
+    NaN the canonical positive one, ranked above +inf), and each such token's weights poisoned alike."""
+    logits = torch.randn(6, REAL["experts"], device=DEVICE).to(torch.bfloat16)
+    logits[0, 7] = float("nan")
+    logits[1, 9] = -torch.tensor(float("nan"))
+    logits[2, 11] = float("inf")
+    logits[3, 13] = float("-inf")
+    want_w, want_ids = ROUTERS["topk_softmax"](logits, REAL["top_k"])
+    got_w, got_ids = ROUTERS["triton_fused"](logits, REAL["top_k"])
+    assert torch.equal(got_ids, want_ids)
+    assert torch.equal(got_w.isnan(), want_w.isnan())
+    assert torch.isfinite(got_w[[3, 4, 5]]).all()
+
+
+def test_triton_fused_router_replays_in_a_cuda_graph_on_new_logits():
+    """Captured once, replayed on other logits copied into the captured buffer: equal to the eager call."""
+    route = ROUTERS["triton_fused"]
+    case = RouterCase(tokens=64, experts=REAL["experts"], top_k=REAL["top_k"], dtype="bfloat16", kind="random", seed=0)
+    logits = make_logits(case, DEVICE)
+    side = torch.cuda.Stream()  # warm-up (compiles the kernel) off the capture stream, as torch requires
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        route(logits, REAL["top_k"])
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        weights, ids = route(logits, REAL["top_k"])
+    for kind in LOGIT_KINDS:
+        new_logits = make_logits(RouterCase(**{**case.__dict__, "kind": kind, "seed": 1}), DEVICE)
+        logits.copy_(new_logits)
+        graph.replay()
+        want_w, want_ids = route(new_logits, REAL["top_k"])
+        torch.cuda.synchronize()
+        assert torch.equal(ids, want_ids) and torch.equal(weights, want_w), f"replay differs on {kind} logits"
+
+
+def _wall_us_per_call(fn, calls=200) -> float:
+    """Host wall time per call of back-to-back eager calls: what an eager decode step pays, launches included."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def test_router_timings_at_real_dims_are_recorded():
+    """Not a gate: each router's time per call on the GPU (bf16 logits), eager wall time (launch-bound at
+    decode sizes) and the CUDA-event median, for the lead's choice."""
+    for tokens in (1, 8, 64, 4096):
+        logits = make_logits(
+            RouterCase(tokens=tokens, experts=REAL["experts"], top_k=REAL["top_k"], dtype="bfloat16", kind="random",
+                       seed=0), DEVICE)
+        for name in ("topk_softmax", "triton_fused"):
+            def call(route=ROUTERS[name]):
+                return route(logits, REAL["top_k"])
+            REPORT["timings_ms"][f"router/{name}/T{tokens}/eager_wall"] = round(_wall_us_per_call(call) / 1e3, 5)
+            REPORT["timings_ms"][f"router/{name}/T{tokens}/events"] = round(_time_ms(call), 5)
+    print({k: v for k, v in REPORT["timings_ms"].items() if k.startswith("router/")})

@@ -1,9 +1,9 @@
-"""The Triton expert paths' properties in CI, on the CPU through Triton's interpreter.
+"""The Triton expert paths' and fused router's properties in CI, on the CPU through Triton's interpreter.
 
 The interpreter is chosen when the kernels are defined, from TRITON_INTERPRET in the environment, so the
 checks (tests/numerics/triton_interpreter_checks.py) run in a fresh interpreter process with it set; this
-suite's own processes keep compiled Triton, where the paths are unavailable on the CPU. One test per path,
-so pytest-xdist runs the two in parallel.
+suite's own processes keep compiled Triton, where the paths are unavailable on the CPU. One test per path
+(the router's checks are named `triton_fused`), so pytest-xdist runs them in parallel.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hypothesis import settings
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKS = Path(__file__).with_name("triton_interpreter_checks.py")
-TRITON_PATHS = ("triton_decode", "triton_grouped")
+TRITON_PATHS = ("triton_decode", "triton_grouped", "triton_fused")
 
 
 def _has_triton() -> bool:

@@ -1,4 +1,4 @@
-"""The expert-path properties for the Triton paths, on the CPU through Triton's interpreter.
+"""The expert-path and router properties for the Triton paths, on the CPU through Triton's interpreter.
 
 Not collected by the suite itself (the file name does not start with `test_`): the interpreter must be
 chosen before triton is imported, so test_moe_triton_interpreter.py runs this module in a subprocess with
@@ -11,8 +11,8 @@ import torch
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from model.moe import EXPERT_PATHS
-from model.moe import triton_decode, triton_grouped
+from model.moe import EXPERT_PATHS, ROUTERS
+from model.moe import triton_decode, triton_grouped, triton_router
 from model import tolerances
 from model.moe.experts import experts_reference
 from tests.numerics.compare import assert_close, poisoned_like
@@ -20,6 +20,8 @@ from tests.numerics.moe_cases import MoECase, check_expert_path, make_hidden, ma
 from tests.numerics.test_moe_expert_paths import (
     test_non_finite_token_propagates_to_its_row_only as non_finite_token_propagates_to_its_row_only,
 )
+from tests.numerics import test_moe_router as router_tests
+from tests.numerics.test_moe_router import EDGE_ROUTER_CASES, TIE_CASES, RouterCase, router_logit_cases
 
 TRITON_PATHS = ("triton_decode", "triton_grouped")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -93,3 +95,96 @@ def test_strided_inputs_and_output_give_the_reference(name):
     ref = experts_reference(x, w.w13, w.w2, weights, ids, poisoned_like(x.shape, torch.float64, "cpu"))
     assert_close(out, ref, tolerances.expert_path_tolerance(name, torch.float32), f"{name}, strided tensors")
     assert out_wide[:, 1::2].isnan().all(), f"{name} wrote outside the strided out"
+
+
+# --- the fused router (model.moe.triton_router): tests named `triton_fused` so `-k triton_fused` picks them ---
+
+ROUTER_EXAMPLES_PER_DTYPE = 20
+# Past one power of two (BLOCK_E 64, so padding lanes), up to E with k = E: the interpreter loops k times.
+SMALL_ROUTER_CASES = dict(tokens=st.integers(1, 8), experts=st.integers(1, 40))
+
+
+def test_triton_fused_router_runs_through_the_interpreter_on_cpu():
+    path = ROUTERS["triton_fused"]
+    assert triton_router.INTERPRETED, "TRITON_INTERPRET=1 was not in effect"
+    assert all(path.supports(1, dtype, "cpu") for dtype in DTYPES + (torch.float64,))
+    assert not path.supports(1, torch.float32, "cuda"), "an interpreted kernel claims a GPU"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_triton_fused_router_equals_the_reference(dtype):
+    router_tests.run_router_property(
+        ROUTERS["triton_fused"], router_logit_cases(dtypes=st.just(dtype), **SMALL_ROUTER_CASES),
+        settings(max_examples=ROUTER_EXAMPLES_PER_DTYPE),
+        examples=[c for c in EDGE_ROUTER_CASES if c.dtype == str(dtype).removeprefix("torch.")],
+    )
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        RouterCase(tokens=3, experts=512, top_k=8, dtype="bfloat16", kind="few_values", seed=6),  # E beyond the model's
+        RouterCase(tokens=2, experts=300, top_k=1, dtype="float32", kind="coarse", seed=7),  # 212 padding lanes
+        RouterCase(tokens=1, experts=64, top_k=64, dtype="float16", kind="signed_zeros", seed=8),
+        RouterCase(tokens=2, experts=24, top_k=5, dtype="float64", kind="coarse", seed=9),
+    ],
+    ids=lambda c: f"E{c.experts}-k{c.top_k}-{c.dtype}",
+)
+def test_triton_fused_router_at_wider_expert_counts_and_float64_logits(case):
+    router_tests.check_router(ROUTERS["triton_fused"], case)
+
+
+@pytest.mark.parametrize(("logits", "top_k", "expected"), TIE_CASES)
+def test_triton_fused_router_tie_rule(logits, top_k, expected):
+    router_tests.test_router_tie_rule_selects_lower_expert_id("triton_fused", logits, top_k, expected)
+
+
+def test_triton_fused_router_tied_experts_get_equal_weights():
+    router_tests.test_router_tied_experts_get_equal_weights("triton_fused")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # numpy, on inf - inf
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_triton_fused_router_non_finite_logit_poisons_its_token_only(bad):
+    router_tests.test_router_non_finite_logit_poisons_its_token_only("triton_fused", bad)
+
+
+def test_triton_fused_router_ranks_nan_as_the_reference_does():
+    """A NaN with the sign bit clear ranks above +inf, one with it set below -inf (on the CPU, where the
+    reference's `+ 0.0` keeps a NaN's sign), as route_topk_softmax ranks them."""
+    negative_nan = -torch.tensor(float("nan"))
+    assert negative_nan.view(torch.int32).item() < 0, "this platform lost the NaN's sign bit"
+    logits = torch.tensor([[1.0, float("nan"), 3.0, float("-inf")], [1.0, 0.0, 3.0, float("-inf")]])
+    logits[1, 1] = negative_nan
+    want = router_tests.route_topk_softmax(logits, 4)[1]
+    assert ROUTERS["triton_fused"](logits, 4)[1].tolist() == want.tolist() == [[1, 2, 0, 3], [2, 0, 3, 1]]
+
+
+def test_triton_fused_router_rejects_top_k_outside_the_expert_count():
+    router_tests.test_router_rejects_top_k_outside_the_expert_count("triton_fused")
+
+
+def test_triton_fused_router_float64_logits_are_ranked_as_float32():
+    assert "triton_fused" in router_tests.CPU_ROUTERS
+    router_tests.test_router_float64_logits_are_ranked_as_float32()
+
+
+def test_triton_fused_router_takes_strided_logits_and_leading_dims():
+    """Row and element strides are the kernel's own (no copy); [..., E] logits give [..., k] outputs."""
+    wide = torch.randn(5, 2 * 24, generator=torch.Generator().manual_seed(0))
+    logits = wide[:, ::2]  # row stride 48, element stride 2
+    weights, ids = ROUTERS["triton_fused"](logits, 4)
+    ref_w, ref_ids = router_tests.route_reference(logits, 4)
+    assert torch.equal(ids, ref_ids)
+    assert (weights - ref_w).abs().max().item() <= tolerances.ROUTER_WEIGHTS[torch.float32]
+    batched_w, batched_ids = ROUTERS["triton_fused"](logits[:4].reshape(2, 2, 24), 4)
+    assert batched_ids.shape == (2, 2, 4) and torch.equal(batched_ids.reshape(4, 4), ids[:4])
+    assert torch.equal(batched_w.reshape(4, 4), weights[:4])
+
+
+def test_triton_fused_router_takes_no_tokens_and_refuses_too_many_experts():
+    weights, ids = ROUTERS["triton_fused"](torch.empty(0, 16), 2)
+    assert weights.shape == ids.shape == (0, 2)
+    too_many = triton_router.MAX_EXPERTS + 1
+    with pytest.raises(ValueError, match=f"at most {triton_router.MAX_EXPERTS} experts, not {too_many}.*'topk_softmax'"):
+        ROUTERS["triton_fused"](torch.zeros(1, too_many), 2)
