@@ -52,6 +52,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-batches", type=_ints, default=None, help="step: decode batch sizes (default: 1,8,64)")
     p.add_argument("--step-prefill", type=_positive, default=None,
                    help="step: prompt tokens per sequence before the timed step (default: 256)")
+    p.add_argument("--router", default=None,
+                   help="step: the router path the model runs (model.moe ROUTERS; default: the model's, topk_softmax)")
+    p.add_argument("--norm", default=None,
+                   help="step: the RMSNorm and gated RMSNorm path the model runs (model.norm's tables; default: "
+                        "the model's, fused)")
     p.add_argument("--reps", type=int, default=20, help="timed samples per path and point (median reported)")
     p.add_argument("--sweeps", type=_positive, default=3,
                    help="passes over every point (each a median of --reps samples); the table keeps every pass, "

@@ -17,7 +17,7 @@ from .ceilings import ceilings_for
 from .gdn import sweep_gdn, unavailable_rule_paths
 from .gdn_layer import LAYER_POINTS, time_gdn_layer
 from .measure import Settings
-from .moe import sweep_moe_block, sweep_moe_experts, unavailable_expert_paths
+from .moe import sweep_moe_block, sweep_moe_experts, sweep_moe_router, unavailable_expert_paths
 from .progress import Progress
 from .prune import Pruner
 from .record import new_timings, run_meta
@@ -64,7 +64,7 @@ def run(a) -> int:
     do_gdn, do_moe = a.target in ("all", "gdn"), a.target in ("all", "moe")
     sweeps = 1 if a.sweep_configs else a.sweeps  # a config sweep ranks configs, not paths: one pass
     steps = sweeps * ((len(prefill) + len(decode) + len(layer_points)) * do_gdn
-                      + (len(moe_tokens) + len(block_tokens)) * do_moe)
+                      + (len(moe_tokens) + 2 * len(block_tokens)) * do_moe)
     if a.sweep_configs:
         from . import config_sweep
 
@@ -165,6 +165,9 @@ def run(a) -> int:
             for i in passes:
                 verdicts = phase(f"moe block sweep {i}/{sweeps}", lambda: sweep_moe_block(
                     dims.moe, block_tokens, s, ceilings, moe_pruner, progress.tick, w, rows))
+            for i in passes:  # the routers alone at the block's token counts; the dispatch table records none
+                verdicts = phase(f"moe router sweep {i}/{sweeps}", lambda: sweep_moe_router(
+                    dims.moe, block_tokens, s, progress.tick, w, rows))
             del w
     finally:
         progress.close()

@@ -13,6 +13,7 @@ __all__ = ["Section", "format_rows", "layer_breakdown", "write_report", "verdict
 TITLES = {
     "moe_experts": "Routed experts (T tokens)",
     "moe_block": "Whole MoE block: router + routed experts + shared expert (T tokens)",
+    "moe_router": "Router alone: top-k and softmax of the router logits, after the router GEMM (T tokens)",
     "gdn_prefill": "Gated delta rule, prefill (B=1, T tokens)",
     "gdn_decode": "Gated delta rule, one decode step (T=1, B sequences)",
     "gdn_layer_prefill": "GDN layer by stage, prefill (B=1, T tokens)",

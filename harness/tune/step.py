@@ -27,7 +27,9 @@ from model.dispatch_table import table_file_name
 from model.gdn import select_rule_path
 from model.moe import select_expert_path
 from model.norm import compute_dtype
-from model.qwen36 import ConfigError, Qwen36Config, Qwen36Model
+from model.moe import ROUTERS
+from model.norm import GATED_NORM_PATHS, RMS_NORM_PATHS
+from model.qwen36 import ConfigError, Qwen36Config, Qwen36Model, Qwen36Paths
 
 from .ceilings import ceilings_for
 from .floors import Work, decode_step_bytes, floor_of
@@ -200,9 +202,21 @@ def profile_kernels(step, device: torch.device) -> dict[str, int] | None:
     return count_device_work(prof.events())
 
 
+def model_paths(a, device: torch.device, dtype: torch.dtype) -> Qwen36Paths:
+    """The model's paths with --router and --norm put in, each checked to run here (ValueError saying why not)."""
+    default = Qwen36Paths()
+    router, norm = a.router or default.router, a.norm or default.norm
+    for table, name in ((ROUTERS, router), (RMS_NORM_PATHS, norm), (GATED_NORM_PATHS, norm)):
+        if name not in table:
+            raise ValueError(f"no {table.what} {name!r}; registered: {', '.join(sorted(table))}")
+        table.checked(name, 1, dtype, device)
+    return Qwen36Paths(moe=default.moe, router=router, gdn_rule=default.gdn_rule, gdn_conv=default.gdn_conv,
+                       attention_core=default.attention_core, norm=norm)
+
+
 def _paths(model: Qwen36Model, batch: int, s: Settings) -> dict[str, str]:
     """The registered path each block serves this batch's decode step with (the device's table or the knobs)."""
-    cfg, paths = model.config, {}
+    cfg, paths = model.config, {"router": model.paths.router, "norm": model.paths.norm}
     if any(model.config.is_moe_layer(i) for i in range(cfg.num_hidden_layers)):
         paths["moe_experts"] = select_expert_path(batch, model.paths.moe, s.device, s.dtype)
     if "linear_attention" in cfg.layer_types:
@@ -261,6 +275,7 @@ def run_step(a) -> int:
     try:
         model_name, full = model_config(a)
         cfg = rank_config(full, a.tp)
+        paths = model_paths(a, device, dtype)
     except (ConfigError, ValueError) as exc:
         print(f"qwen36 tune step: {exc}", file=sys.stderr)
         return 2
@@ -277,6 +292,7 @@ def run_step(a) -> int:
         "device": name, "device_stem": stem, "date": today, "torch": torch.__version__,
         "command": shlex.join(getattr(a, "invocation", None) or ["qwen36", *sys.argv[1:]]),
         "dtype": str(dtype).removeprefix("torch."), "model": model_name, "tp": a.tp,
+        "router": paths.router, "norm": paths.norm,
         "dims": f"{model_name}-tp{a.tp}", "rank_config": {k: v for k, v in vars(cfg).items()},
         "prefill": prefill, "batches": list(batches), "reps": a.reps, "warmup": a.warmup,
         "ceilings": {"hbm_bytes_per_s": ceilings.hbm_bytes_per_s, "source": ceilings.source},
@@ -299,7 +315,7 @@ def run_step(a) -> int:
             return 1
         meta["weights"] = {"bytes": sum(t.numel() * t.element_size() for t in _tensors(weights)),
                            "built_s": round(time.perf_counter() - started, 2)}
-        model = Qwen36Model(weights)
+        model = Qwen36Model(weights, paths)
         warm_device(device)
         for batch in batches:
             try:

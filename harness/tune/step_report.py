@@ -99,7 +99,7 @@ def _aligned(table: list[tuple[str, ...]]) -> list[str]:
 
 def format_step_table(meta: dict, rows) -> str:
     lines = [f"Decode step of one rank ({meta['dims']}, {meta['dtype']} on {meta['device']}; eager; prefill "
-             f"{meta['prefill']} tokens per sequence)"]
+             f"{meta['prefill']} tokens per sequence; router {meta.get('router')}, norm {meta.get('norm')})"]
     lines += _aligned([STEP_HEADER, *(_step_cells(r) for r in rows)])
     ok = [r for r in rows if r.status == "ok"]
     if ok:

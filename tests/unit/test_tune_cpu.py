@@ -48,6 +48,10 @@ def test_the_command_checks_every_available_path_and_writes_its_files(tuned):
     assert any("fla_recurrent" in n and "CUDA" in n for n in report["notes"]), report["notes"]
     stages = {r["path"] for r in rows if r["block"] == "gdn_layer_decode"}
     assert stages == {"in_proj", "conv", "gating", "rule", "gated_norm", "out_proj", "layer"}
+    # the routers alone, at the block's points: every one that runs on this CPU, each checked against the reference
+    routers = [r for r in rows if r["block"] == "moe_router"]
+    assert {(r["key"], r["path"]) for r in routers} == {(k, "topk_softmax") for k in BLOCK_POINTS}
+    assert all(r["status"] == "ok" for r in routers) and "Router alone" in (out / "tune.md").read_text()
 
 
 def test_the_table_holds_the_fastest_correct_path_at_each_point(tuned):

@@ -189,3 +189,23 @@ def test_kernel_counting_keeps_device_kernels_only():
               event(DeviceType.CUDA, "gpu_user_annotation", "forward"),
               event(DeviceType.CUDA, None, "Memcpy HtoD (Pageable -> Device)"), event(DeviceType.CUDA, None, "k2")]
     assert count_device_work(events) == {"kernels": 3, "memcpy": 2, "memset": 1}
+
+
+def test_the_router_and_norm_flags_reach_the_model_and_the_report(tmp_path):
+    code = main(["tune", "step", "--dims", "tiny", "--device", "cpu", "--reps", "2", "--warmup", "1", "--no-progress",
+                 "--step-batches", "1", "--step-prefill", "4", "--router", "reference", "--norm", "reference",
+                 "--report-dir", str(tmp_path)])
+    assert code == 0
+    report = json.loads((tmp_path / "step.json").read_text())
+    assert (report["router"], report["norm"]) == ("reference", "reference")
+    assert report["rows"][0]["paths"]["router"] == "reference" and report["rows"][0]["paths"]["norm"] == "reference"
+
+
+def test_an_unknown_or_unavailable_path_is_refused_naming_the_choices(tmp_path, capsys):
+    code = main(["tune", "step", "--dims", "tiny", "--device", "cpu", "--router", "nope", "--no-progress",
+                 "--report-dir", str(tmp_path)])
+    assert code == 2 and "no router 'nope'; registered: reference, topk_softmax, triton_fused" in capsys.readouterr().err
+    # the fused router compiles for CUDA: on a CPU (no interpreter) it is refused with the reason, before any work
+    code = main(["tune", "step", "--dims", "tiny", "--device", "cpu", "--router", "triton_fused", "--no-progress",
+                 "--report-dir", str(tmp_path)])
+    assert code == 2 and "triton_fused" in capsys.readouterr().err and not (tmp_path / "step.json").exists()
