@@ -10,13 +10,22 @@
   rounding is a no-op in float32 and float64, where the cross-checks run).
 
 Paths: `fn(x, weight, eps[, z]) -> y` in x's dtype (the reference returns float64 for float64 input).
+`triton` (model.norm_triton) computes each norm in one kernel launch: CUDA, or a CPU through Triton's
+interpreter (TRITON_INTERPRET=1); float32, bfloat16 and float16 inputs.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from .paths import ComputePath, PathTable, compute_dtype
+from .paths import LOW_PRECISION, ComputePath, PathTable, compute_dtype
+
+try:
+    from . import norm_triton
+except ImportError as exc:  # a torch build or platform without Triton: the triton paths say so and never run
+    if exc.name != "triton":
+        raise
+    norm_triton = None
 
 __all__ = [
     "NormPath",
@@ -27,6 +36,9 @@ __all__ = [
     "rms_norm_fused",
     "gated_rms_norm_reference",
     "gated_rms_norm_fused",
+    "rms_norm_triton",
+    "gated_rms_norm_triton",
+    "triton_unavailable_reason",
 ]
 
 
@@ -36,6 +48,11 @@ NormPath = ComputePath  # the name this module's table records had before the ge
 def _check_weight(x: torch.Tensor, weight: torch.Tensor, what: str) -> None:
     if weight.shape != (x.shape[-1],):
         raise ValueError(f"{what}: weight has shape {tuple(weight.shape)}; expected ({x.shape[-1]},) = x's last dim")
+
+
+def _check_gate(x: torch.Tensor, z: torch.Tensor) -> None:
+    if z.shape != x.shape:
+        raise ValueError(f"gated_rms_norm: gate z has shape {tuple(z.shape)}; it must match x {tuple(x.shape)}")
 
 
 # --- zero-centred RMSNorm --------------------------------------------------------------------------
@@ -61,8 +78,7 @@ def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
 def gated_rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, z: torch.Tensor) -> torch.Tensor:
     """w * x_hat * silu(z), written out, in float32 (float64 for float64 input)."""
     _check_weight(x, weight, "gated_rms_norm_reference")
-    if z.shape != x.shape:
-        raise ValueError(f"gated_rms_norm: gate z has shape {tuple(z.shape)}; it must match x {tuple(x.shape)}")
+    _check_gate(x, z)
     ct = compute_dtype(x.dtype)
     xc = x.to(ct)
     x_hat = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
@@ -73,19 +89,50 @@ def gated_rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, 
 def gated_rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, z: torch.Tensor) -> torch.Tensor:
     """`F.rms_norm` with the weight, then an in-place multiply by `F.silu(z)`: two kernels, no x_hat copy."""
     _check_weight(x, weight, "gated_rms_norm_fused")
-    if z.shape != x.shape:
-        raise ValueError(f"gated_rms_norm: gate z has shape {tuple(z.shape)}; it must match x {tuple(x.shape)}")
+    _check_gate(x, z)
     ct = compute_dtype(x.dtype)
     y = F.rms_norm(x.to(ct), (x.shape[-1],), weight.to(ct), eps)
     return y.mul_(F.silu(z.to(ct))).to(x.dtype)
+
+
+# --- one Triton launch each (model.norm_triton) ----------------------------------------------------
+
+def triton_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
+    if norm_triton is None:
+        return "Triton is not installed"
+    return norm_triton.unavailable_reason(device)
+
+
+def _check_triton_installed() -> None:
+    if norm_triton is None:
+        raise RuntimeError("the 'triton' norm paths need Triton, which is not installed; use the 'fused' path")
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The zero-centred RMSNorm in one Triton kernel (float32 inside, x's dtype out)."""
+    _check_weight(x, weight, "rms_norm_triton")
+    _check_triton_installed()
+    return norm_triton.zero_centred_rms_norm(x, weight, eps)
+
+
+def gated_rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, z: torch.Tensor) -> torch.Tensor:
+    """The gated RMSNorm in one Triton kernel (float32 inside, x's dtype out)."""
+    _check_weight(x, weight, "gated_rms_norm_triton")
+    _check_gate(x, z)
+    _check_triton_installed()
+    return norm_triton.gated_rms_norm(x, weight, eps, z)
 
 
 # Tests iterate these tables: a path is tested the moment it is registered. Outputs are in x's dtype.
 RMS_NORM_PATHS = PathTable("RMSNorm path", [
     ComputePath("reference", rms_norm_reference, "x_hat * (1 + w), written out", is_reference=True),
     ComputePath("fused", rms_norm_fused, "F.rms_norm with 1 + w"),
+    ComputePath("triton", rms_norm_triton, "one Triton kernel: x_hat * (1 + w), float32 inside",
+                dtypes=LOW_PRECISION, why_unavailable=triton_unavailable_reason),
 ])
 GATED_NORM_PATHS = PathTable("gated RMSNorm path", [
     ComputePath("reference", gated_rms_norm_reference, "w * x_hat * silu(z), written out", is_reference=True),
     ComputePath("fused", gated_rms_norm_fused, "F.rms_norm then in-place * silu(z)"),
+    ComputePath("triton", gated_rms_norm_triton, "one Triton kernel: w * x_hat * silu(z), float32 inside",
+                dtypes=LOW_PRECISION, why_unavailable=triton_unavailable_reason),
 ])
