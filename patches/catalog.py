@@ -2,12 +2,13 @@
 default declared there) and one line here: patches/settings.py reads the switches of this list."""
 from __future__ import annotations
 
-from . import (moe_experts, nonstream_trailing_content, object_tool_arguments, openai_error_codes, openai_errors,
-               stream_tool_marker, truncated_tool_arguments)
+from . import (moe_experts, moe_router, nonstream_trailing_content, object_tool_arguments, openai_error_codes,
+               openai_errors, stream_tool_marker, truncated_tool_arguments)
 from .registry import Patch
 
 PATCHES: tuple[Patch, ...] = (
     moe_experts.PATCH,
+    moe_router.PATCH,  # the MoE router by model.moe.ROUTERS
     object_tool_arguments.PATCH,  # deviation object-tool-call-arguments-rejected
     stream_tool_marker.PATCH,  # deviation stream-leaks-tool-call-marker-into-content
     truncated_tool_arguments.PATCH,  # deviation truncated-forced-tool-call-reports-empty-arguments

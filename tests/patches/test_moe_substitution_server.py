@@ -1,20 +1,25 @@
 """End-to-end: the plugin's MoE substitution on the real tiny vLLM CPU server gives vLLM's greedy outputs.
 
-Both servers are harness.gates.servers': "on" is moe-on, which has QWEN36_PATCH_MOE=1; "off" is no-cache (the
-perf gates' prefix-caching regression), with the substitution off (read from its log); their start commands are
+Both servers are harness.gates.servers': "on" is moe-on, which has QWEN36_PATCH_MOE=1 and QWEN36_PATCH_ROUTER=1 (the
+routed experts by model.moe.dispatch_experts, the router by model.moe.ROUTERS); "off" is no-cache (the perf gates'
+prefix-caching regression), with the substitution off (read from its log); their start commands are
 the same (checked), and both want the session's API key. Neither caches: prompts of 9-15 tokens are prefilled in
 one step by both (checked from the usage; the "off" server must report no cached token). Both are eager: the
 expert layer is one opaque custom op to torch.compile either way, so the eager pair tests the same substitution
 as a compiled one. Requests are sequential and each server is held while the test sends them (`exclusive`: the
 no-cache gate's requests wait), so each server decodes with T=1 (decode_fused) after a prefill of the prompt (the
 sorted path), which the "on" server's log must show ran. Longer token counts of the sorted path are the numerics
-suite's (tests/numerics/test_moe_expert_paths.py).
+suite's (tests/numerics/test_moe_expert_paths.py). The "on" server's log must also show the router substitution
+ran: its status row `applied`, the line `qwen36 moe_router: N layers routed by model.moe <path>` with N > 0 and a
+path of the two it chooses from (`topk_softmax` on this CPU server), and no router left to vLLM.
 
 Rule: the top-1 tokens agree and every token's logprob agrees within LOGPROB_TOL nats, with one allowance:
 the sequences may part at a near-tie, a step where the "off" server's own top-2 logprobs (logprobs=2) are
 within LOGPROB_TOL of each other and "on" picked the other one of the two; after that the prefixes differ and
-nothing more is compared. The logprobs cannot be bitwise equal: vLLM's CPU kernel and model.moe accumulate the
-bf16 expert products in a different order, and the tiny random model's distributions are nearly flat, so
+nothing more is compared. The rule holds for both substitutions together. The logprobs cannot be bitwise equal:
+vLLM's CPU kernel and model.moe accumulate the bf16 expert products in a different order, vLLM's CPU router takes
+the routing softmax in bf16 where model.moe takes it in float32 (and breaks exact logit ties by the lower expert id,
+where vLLM's torch.topk leaves them unspecified), and the tiny random model's distributions are nearly flat, so
 near-ties happen. LOGPROB_TOL = 0.1 nats is about three bf16 ulps of a logit of magnitude 4-8 (ulp 0.031), far
 below what a wrong expert, a swapped gate/up half or a missing routing weight does. Measured figures:
 reports/patches-and-presubmit-2026-12-01.md.
@@ -28,8 +33,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.gates.servers import MOE_ON, MOE_SWITCH, NO_CACHE, by_name, exclusive
-from patches import moe_experts
+from harness.gates.servers import MOE_ON, MOE_SWITCH, NO_CACHE, ROUTER_SWITCH, by_name, exclusive
+from patches import moe_experts, moe_router
 from patches.registry import PatchState, PatchStatus, format_table
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -119,9 +124,9 @@ def _without_port(command: str) -> list[str]:
 
 
 def test_the_on_server_is_the_off_server_with_the_moe_switch():
-    assert MOE_SWITCH == moe_experts.PATCH.switch
+    assert MOE_SWITCH == moe_experts.PATCH.switch and ROUTER_SWITCH == moe_router.PATCH.switch
     on, off = by_name(MOE_ON), by_name(NO_CACHE)
-    assert dict(on.env) == {MOE_SWITCH: "1"} and not off.env
+    assert dict(on.env) == {MOE_SWITCH: "1", ROUTER_SWITCH: "1"} and not off.env
     assert on.extra_args == off.extra_args and on.keyed == off.keyed
 
 
@@ -153,3 +158,18 @@ def test_moe_substitution_on_gives_the_same_greedy_outputs_as_off(compared_serve
     identical = sum(a["tokens"] == b["tokens"] for a, b in zip(on, off))
     print(f"\non/off: {identical}/{len(PROMPTS)} prompts token-identical over {MAX_TOKENS} tokens; "
           f"max |dlogprob| {worst:.4f} nats; near-tie partings: {partings or 'none'}")
+
+
+def test_the_on_server_routed_by_model_moe(compared_servers):
+    """vLLM routes at start (its profiling run), so the line is there before any request."""
+    on_server = compared_servers[MOE_ON]
+    log = Path(on_server.log_path).read_text(errors="replace")
+    states = "|".join(re.escape(s.value) for s in PatchState)
+    row = re.search(rf"\bmoe_router\s+({states})\s", log)
+    assert row and row.group(1) == PatchState.APPLIED.value, (
+        f"moe_router's row {row and row.group(0)!r} in {on_server.log_path}")
+    routed = moe_router.ROUTED_LOG.findall(log)
+    assert routed, f"no `qwen36 moe_router: N layers routed by model.moe <path>` line in {on_server.log_path}"
+    paths = (moe_router.FAST_PATH, moe_router.FALLBACK_PATH)
+    assert all(int(layers) > 0 and path in paths for layers, path in routed), routed
+    assert "keeps vLLM's routing" not in log, "a router of the tiny Qwen3-Next model was left to vLLM (see its log)"
