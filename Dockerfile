@@ -24,6 +24,7 @@ COPY computility-run.yaml /workspace/computility-run.yaml
 
 # The run config's environment (presubmit checks they agree).
 ENV QWEN36_PATCHES=all \
+    QWEN36_PATCH_ROUTER=0 \
     MOE_NATIVE=1 \
     MOE_DECODE_NATIVE=1 \
     ENGINEX_MOE_TINY_IMPL=bmm \

@@ -1,0 +1,78 @@
+"""Interleaved A/B of two path choices on the whole per-rank decode step, in one process (issue 28).
+
+`qwen36 tune step --router ... --norm ...` run as separate processes drifted by 30% between runs of one
+setting on the H200 host (reports/decode-step-2026-12-04.md), more than the effect sought. Here both models
+share one set of random weights and one prefilled cache; rounds alternate which side goes first, and each
+round times a median of `--reps` eager steps per side (harness.tune.timing.time_eager: L2 flushed, CUDA events).
+The per-round ratio B/A is what the verdict rests on. Writes a JSON of every round.
+
+    python3 tools/step_path_ab.py --b-router triton_fused --b-norm triton --batches 1,8 --rounds 12 --out ab.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from harness.tune.inputs import generator, rank_config, rank_weights
+from harness.tune.step import QWEN36_35B_A3B, TINY_MODEL
+from harness.tune.timing import L2Flusher, time_eager, warm_device
+from model.qwen36 import Qwen36Config, Qwen36Model, Qwen36Paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--a-router", default="topk_softmax")
+    p.add_argument("--a-norm", default="fused")
+    p.add_argument("--b-router", default="triton_fused")
+    p.add_argument("--b-norm", default="triton")
+    p.add_argument("--batches", default="1,8")
+    p.add_argument("--prefill", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=12)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--dims", choices=("real", "tiny"), default="real")
+    p.add_argument("--device", default=None)
+    p.add_argument("--out", type=Path, required=True)
+    a = p.parse_args(argv)
+    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    cfg = rank_config(Qwen36Config.from_hf_dict(QWEN36_35B_A3B if a.dims == "real" else TINY_MODEL), 4)
+    weights = rank_weights(cfg, dtype, device)
+    models = {"a": Qwen36Model(weights, Qwen36Paths(router=a.a_router, norm=a.a_norm)),
+              "b": Qwen36Model(weights, Qwen36Paths(router=a.b_router, norm=a.b_norm))}
+    flusher = L2Flusher(device, 256 * 2**20)
+    warm_device(device)
+    result = {"a": {"router": a.a_router, "norm": a.a_norm}, "b": {"router": a.b_router, "norm": a.b_norm},
+              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "reps": a.reps, "rounds": a.rounds, "batches": {}}
+    for batch in (int(x) for x in a.batches.split(",")):
+        prompt = torch.randint(0, cfg.vocab_size, (batch, a.prefill), generator=generator(device, 90_000 + batch),
+                               device=device)
+        logits, cache = models["a"].forward(prompt)
+        ids = logits[:, -1].argmax(-1, keepdim=True)
+        del logits
+        rounds = []
+        for r in range(a.rounds):
+            order = ("a", "b") if r % 2 == 0 else ("b", "a")
+            ms = {side: time_eager(lambda m=models[side]: m.forward(ids, cache), device, flusher, a.reps, 2)
+                  .median_us / 1e3 for side in order}
+            rounds.append({"order": "".join(order), **ms, "ratio": ms["b"] / ms["a"]})
+            print(f"B={batch} round {r}: a {ms['a']:.2f} ms, b {ms['b']:.2f} ms, b/a {ms['b'] / ms['a']:.3f}",
+                  file=sys.stderr)
+        ratios = sorted(x["ratio"] for x in rounds)
+        result["batches"][batch] = {"rounds": rounds, "median_ratio": statistics.median(ratios),
+                                    "ratio_min": ratios[0], "ratio_max": ratios[-1],
+                                    "b_faster_rounds": sum(x < 1 for x in ratios)}
+        print(f"B={batch}: b/a median {statistics.median(ratios):.3f} (min {ratios[0]:.3f}, max {ratios[-1]:.3f}); "
+              f"b faster in {sum(x < 1 for x in ratios)} of {len(ratios)} rounds")
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
