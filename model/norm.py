@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import triton_support
 from .paths import LOW_PRECISION, ComputePath, PathTable, compute_dtype
 
 try:
@@ -98,9 +99,7 @@ def gated_rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, z: t
 # --- one Triton launch each (model.norm_triton) ----------------------------------------------------
 
 def triton_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
-    if norm_triton is None:
-        return "Triton is not installed"
-    return norm_triton.unavailable_reason(device)
+    return triton_support.unavailable_reason(device, None if norm_triton is None else norm_triton.INTERPRETED)
 
 
 def _check_triton_installed() -> None:

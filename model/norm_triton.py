@@ -21,6 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_support
+from .triton_support import defined_interpreted
+
 __all__ = ["INTERPRETED", "MAX_HIDDEN", "gated_rms_norm", "unavailable_reason", "zero_centred_rms_norm"]
 
 # A row lives whole in one program's registers: 16384 float32 over 16 warps is 32 a thread; past that, spills.
@@ -76,16 +79,12 @@ def _gated_rms_norm_kernel(
 
 
 # Whether TRITON_INTERPRET=1 was set when the kernels were defined: then they run on CPU tensors only.
-INTERPRETED = not isinstance(_zero_centred_rms_norm_kernel, triton.runtime.JITFunction)
+INTERPRETED = defined_interpreted(_zero_centred_rms_norm_kernel)
 
 
 def unavailable_reason(device: torch.device) -> str | None:
     """None where the kernels can run: CUDA when compiled, the CPU under the interpreter."""
-    if device.type == "cuda":
-        return "the kernels were defined for Triton's CPU interpreter (TRITON_INTERPRET=1)" if INTERPRETED else None
-    if device.type == "cpu" and INTERPRETED:
-        return None
-    return f"Triton compiles for CUDA; on {device.type} it runs only through its interpreter (TRITON_INTERPRET=1)"
+    return triton_support.unavailable_reason(device, INTERPRETED)
 
 
 def _check_input(x: torch.Tensor, what: str) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import triton_support
 from ..paths import ComputePath, DtypeRule, PathTable
 
 try:
@@ -100,9 +101,7 @@ def route_triton_fused(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, 
 
 
 def _triton_router_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
-    if triton is None:
-        return "Triton is not installed"
-    return triton_router.unavailable_reason(device)
+    return triton_support.unavailable_reason(device, None if triton is None else triton_router.INTERPRETED)
 
 
 def _always_float32(dtype: torch.dtype) -> torch.dtype:

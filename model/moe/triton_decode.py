@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..triton_support import defined_interpreted
+
 __all__ = ["DecodeConfig", "DECODE_CONFIGS", "INTERPRETED", "decode_config", "experts_triton_decode"]
 
 
@@ -116,7 +118,7 @@ DECODE_CONFIGS: tuple[tuple[int, DecodeConfig], ...] = (
 INTERPRETER_CONFIG = DecodeConfig(block_i=16, block_h=32, block_n=64, block_i_down=16)
 
 # Whether TRITON_INTERPRET=1 was set when these kernels were defined: then they run on CPU tensors only.
-INTERPRETED = not isinstance(_gate_up_silu_kernel, triton.runtime.JITFunction)
+INTERPRETED = defined_interpreted(_gate_up_silu_kernel)
 
 
 def decode_config(num_tokens: int) -> DecodeConfig:

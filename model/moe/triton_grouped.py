@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..triton_support import defined_interpreted
+
 __all__ = ["GroupedConfig", "GROUPED_CONFIGS", "INTERPRETED", "grouped_config", "experts_triton_grouped"]
 
 _NO_EXPERT: tl.constexpr = tl.constexpr(1 << 30)  # block_end of lanes past the last expert: above any block
@@ -213,7 +215,7 @@ _GROUP_BLOCK = 1024  # pairs per program of the grouping kernels
 INTERPRETER_CONFIG = GroupedConfig(block_m=16, gate_up_n=16, gate_up_k=32, down_n=32, down_k=16, sum_n=32)
 
 # Whether TRITON_INTERPRET=1 was set when these kernels were defined: then they run on CPU tensors only.
-INTERPRETED = not isinstance(_count_kernel, triton.runtime.JITFunction)
+INTERPRETED = defined_interpreted(_count_kernel)
 
 
 def grouped_config(num_tokens: int) -> GroupedConfig:

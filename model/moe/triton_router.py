@@ -17,6 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import triton_support
+from ..triton_support import defined_interpreted
+
 __all__ = ["INTERPRETED", "MAX_EXPERTS", "route_triton_fused", "unavailable_reason"]
 
 # All E logits of a token live in one program's registers: past this many, they would spill.
@@ -66,16 +69,12 @@ def _route_topk_softmax_kernel(
 
 
 # Whether TRITON_INTERPRET=1 was set when the kernel was defined: then it runs on CPU tensors only.
-INTERPRETED = not isinstance(_route_topk_softmax_kernel, triton.runtime.JITFunction)
+INTERPRETED = defined_interpreted(_route_topk_softmax_kernel)
 
 
 def unavailable_reason(device: torch.device) -> str | None:
     """None where the kernel can run: CUDA when compiled, the CPU under the interpreter."""
-    if device.type == "cuda":
-        return "the kernel was defined for Triton's CPU interpreter (TRITON_INTERPRET=1)" if INTERPRETED else None
-    if device.type == "cpu" and INTERPRETED:
-        return None
-    return f"Triton compiles for CUDA; on {device.type} it runs only through its interpreter (TRITON_INTERPRET=1)"
+    return triton_support.unavailable_reason(device, INTERPRETED)
 
 
 def _num_warps(block_e: int) -> int:

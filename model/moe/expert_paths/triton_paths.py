@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ... import triton_support
 from ...paths import LOW_PRECISION, ComputePath
 from ..experts import EXPERT_PATHS
 
@@ -23,14 +24,7 @@ __all__ = ["triton_unavailable_reason", "experts_triton_decode", "experts_triton
 
 
 def triton_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
-    if triton is None:
-        return "Triton is not installed"
-    interpreted = triton_decode.INTERPRETED
-    if device.type == "cuda":
-        return "the kernels were defined for Triton's CPU interpreter (TRITON_INTERPRET=1)" if interpreted else None
-    if device.type == "cpu" and interpreted:
-        return None
-    return f"Triton compiles for CUDA; on {device.type} it runs only through its interpreter (TRITON_INTERPRET=1)"
+    return triton_support.unavailable_reason(device, None if triton is None else triton_decode.INTERPRETED)
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:

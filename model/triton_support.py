@@ -1,0 +1,34 @@
+"""Where this package's Triton kernels can run: one rule for every Triton path.
+
+Triton compiles for CUDA GPUs. On the CPU it runs only through its interpreter, which is chosen when a kernel
+is defined (TRITON_INTERPRET=1 in the environment before the module is imported); a kernel defined that way
+then runs on CPU tensors only.
+"""
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+except ImportError:  # a torch build or platform without Triton
+    triton = None
+
+__all__ = ["defined_interpreted", "triton", "unavailable_reason"]
+
+
+def defined_interpreted(kernel) -> bool:
+    """Whether `kernel` (a @triton.jit function) was defined for the CPU interpreter."""
+    return not isinstance(kernel, triton.runtime.JITFunction)
+
+
+def unavailable_reason(device: torch.device | str, interpreted: bool | None) -> str | None:
+    """None where kernels defined with `interpreted` can run on `device`, else why not.
+    `interpreted=None` says Triton is not installed."""
+    device = torch.device(device)
+    if interpreted is None:
+        return "Triton is not installed"
+    if device.type == "cuda":
+        return "the kernels were defined for Triton's CPU interpreter (TRITON_INTERPRET=1)" if interpreted else None
+    if device.type == "cpu" and interpreted:
+        return None
+    return f"Triton compiles for CUDA; on {device.type} it runs only through its interpreter (TRITON_INTERPRET=1)"
