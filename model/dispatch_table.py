@@ -58,8 +58,14 @@ READABLE_SCHEMAS = ("qwen36-dispatch/1", SCHEMA)  # 1: the same ranges, without 
 TABLE_ENV = "QWEN36_DISPATCH_TABLE"
 DIR_ENV = "QWEN36_DISPATCH_DIR"
 CHECKOUT_TABLE_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "dispatch"
-# block -> what its ranges count: tokens per call, or sequences per decode step.
-BLOCKS = {"moe_experts": "tokens", "gdn_prefill": "tokens", "gdn_decode": "batch"}
+# block -> what its ranges count: tokens per call, or sequences per decode step. What each block chooses:
+#   moe_experts       a routed-expert path (model.moe.EXPERT_PATHS), wherever the MoE block runs `composed`
+#   moe_block         the whole MoE block's path (model.moe.MOE_BLOCK_PATHS): `composed` or a fused block
+#   gdn_prefill       a gated-delta-rule path for T > 1 (model.gdn.GDN_RULE_PATHS)
+#   gdn_decode        a gated-delta-rule path for one token, wherever the GDN decode layer runs `staged`
+#   gdn_layer_decode  the whole GDN layer's decode path (model.gdn.GDN_DECODE_LAYER_PATHS): `staged` or fused
+BLOCKS = {"moe_experts": "tokens", "moe_block": "tokens", "gdn_prefill": "tokens", "gdn_decode": "batch",
+          "gdn_layer_decode": "batch"}
 
 
 class DispatchTableError(ValueError):

@@ -43,6 +43,19 @@ MOE_EXPERT_PATHS.update(
 # the weights when the router variant differs.
 MOE_BLOCK: dict[torch.dtype, float] = {F64: 1e-6, F32: 2e-6, BF16: 2e-2, F16: 3e-3}
 
+# The block's paths (model.moe.MOE_BLOCK_PATHS), measured as MOE_BLOCK is (against ||routed|| + ||shared||, the
+# float64 block routed by the same low-precision logits). `composed` is the block above. `triton_fused_block`
+# keeps the shared gate's logit, both activations and the whole sum in float32 and rounds once, at the output,
+# so it sits well inside MOE_BLOCK: float32 measured at most 2.1e-7 over 60 random cases at small dims (T <= 8,
+# every pattern, Is != I) and 2.5e-7 at the real dims (T = 1, 2; H 2048, E 256, k 8, I = Is = 128), both through
+# Triton's CPU interpreter (2026-12-04); 1e-6 leaves 4x over that and still fails a block wrong by 1e-5
+# relative (tests/numerics/moe_block_interpreter_checks.py). bf16: the output's rounding, 2.5e-3 through the
+# interpreter (which truncates float32 -> bfloat16; the GPU rounds to nearest, about half that); float16 2^-11.
+MOE_BLOCK_PATHS: dict[str, dict[torch.dtype, float]] = {
+    "composed": MOE_BLOCK,
+    "triton_fused_block": {F32: 1e-6, BF16: 1e-2, F16: 2e-3},
+}
+
 # Router weights of the top-k -> softmax variant against the reference (same logits).
 ROUTER_WEIGHTS: dict[torch.dtype, float] = {F32: 1e-6}
 
@@ -92,6 +105,33 @@ GDN_LAYER: dict[torch.dtype, float] = {F32: 3e-5}
 # reference, so they may differ by twice that: seed 9228 above differs by 2.15e-5 (random seeds: max
 # 9.4e-6, 2 of 3874 over the old 5e-6 bound).
 GDN_HANDOVER: dict[torch.dtype, float] = {F64: 1e-12, F32: 2 * GDN_LAYER[F32]}
+
+# The GDN decode layer paths (model.gdn.GDN_DECODE_LAYER_PATHS, T == 1) against the float64 reference layer:
+# the output (GDN_DECODE_LAYER) and both state parts (GDN_DECODE_LAYER_STATE), on tests/numerics/
+# test_gdn_decode_layer.py's cases (HV/H = 1, 2, 4, odd head dims, B 1..5). Measured max (CPU, 2026-12-05;
+# staged over 1200 cases, triton under Triton's interpreter over 160 plus staged's two worst):
+#   float32  output: staged 4.0e-6, triton 2.7e-6 (medians 2e-7);  state: 2.9e-7 both
+#   bf16     output: staged 1.19e-1, triton 3.5e-2 (medians 4e-3, P99 2e-2);  state: staged 6.1e-3, triton 2.9e-3
+#   float16  output: staged 1.6e-2, triton 4.6e-3;  state: staged 8.3e-4, triton 6.3e-4
+# The output's tail is conditioning, not the paths: a head whose decay wipes its state (g down to -40 with
+# A_log's range) has o = (k.q) beta v, and where |o|^2 / V falls under the norm's eps the gated norm passes
+# o's scale through, so k.q's rounding, amplified by its cancellation, reaches the output (the same seeds
+# are the worst in every dtype). `staged` rounds the conv output and o to the activation dtype on the way,
+# `triton` keeps both in float32, hence its smaller tail. Bounds: ~2x to 7x over those maxima. The state is
+# well conditioned, so its float32 bound (2e-6) is 7x over the worst case and rejects a state 1e-5 off
+# (gdn_decode_interpreter_checks.py's decay mutant); the float32 output bound (2e-5) is 5x over its worst
+# case and so lets an error of 1e-5 in the output alone through (the state bound does not). The reference
+# against itself is the same computation: no error.
+GDN_DECODE_LAYER: dict[str, dict[torch.dtype, float]] = {
+    "reference": {F64: 0.0, F32: 0.0, BF16: 0.0, F16: 0.0},
+    "staged": {F64: 1e-12, F32: 2e-5, BF16: 2.5e-1, F16: 4e-2},
+    "triton": {F32: 2e-5, BF16: 8e-2, F16: 1.5e-2},
+}
+GDN_DECODE_LAYER_STATE: dict[str, dict[torch.dtype, float]] = {
+    "reference": {F64: 0.0, F32: 0.0, BF16: 0.0, F16: 0.0},
+    "staged": {F64: 1e-12, F32: 2e-6, BF16: 1.5e-2, F16: 2e-3},
+    "triton": {F32: 2e-6, BF16: 1e-2, F16: 2e-3},
+}
 
 # Norm paths (model.norm) against their reference. The output's rounding is the error: `triton` measured
 # bf16 1.6e-3 to 2.0e-3 on the H200 at the real shapes (tests/numerics/test_norm_gpu.py, 2026-12-04) and

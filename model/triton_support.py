@@ -13,12 +13,18 @@ try:
 except ImportError:  # a torch build or platform without Triton
     triton = None
 
-__all__ = ["defined_interpreted", "triton", "unavailable_reason"]
+__all__ = ["defined_interpreted", "last_dim_contiguous", "triton", "unavailable_reason"]
 
 
 def defined_interpreted(kernel) -> bool:
     """Whether `kernel` (a @triton.jit function) was defined for the CPU interpreter."""
     return not isinstance(kernel, triton.runtime.JITFunction)
+
+
+def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """`t`, copied only if its last dim has a stride: the kernels index that dim with unit stride and take every
+    other stride as an argument (the model's weights and activations never need the copy)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
 
 
 def unavailable_reason(device: torch.device | str, interpreted: bool | None) -> str | None:

@@ -1,6 +1,10 @@
-"""Gated DeltaNet: the delta-rule path table, the causal conv, the projection layouts and the layer."""
+"""Gated DeltaNet: the delta-rule path table, the causal conv, the projection layouts, the layer and its
+whole-layer decode paths."""
 from .conv import CONV_PATHS, ConvPath, conv_prefill, conv_reference, conv_update, run_conv_path, zero_conv_state
-from .layer import GDNState, GDNWeights, gdn_gating, gdn_layer, select_conv_path, select_rule_path
+from .decode_layer import GDN_DECODE_LAYER_PATHS, run_decode_layer, select_decode_layer_path
+from .layer import gdn_layer
+from .staged import gdn_gating, select_conv_path, select_rule_path
+from .weights import GDNState, GDNWeights
 from .layout import GDNDims, qwen35_to_qwen3_next, qwen3_next_to_qwen35
 from .rule import (
     CHUNK_SIZE,
@@ -23,6 +27,7 @@ __all__ = [
     "GDNRulePath",
     "GDNState",
     "GDNWeights",
+    "GDN_DECODE_LAYER_PATHS",
     "GDN_RULE_PATHS",
     "conv_prefill",
     "conv_reference",
@@ -36,8 +41,10 @@ __all__ = [
     "register_gdn_rule_path",
     "rule_output_dtype",
     "run_conv_path",
+    "run_decode_layer",
     "run_gdn_rule",
     "select_conv_path",
+    "select_decode_layer_path",
     "select_rule_path",
     "state_dtype",
     "zero_conv_state",

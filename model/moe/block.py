@@ -3,21 +3,21 @@
     out = experts(x, route(x @ router.T)) + sigmoid(x @ shared_gate.T) * shared_expert(x)
 
 Weights use the HF Qwen3.5 names and layout (`MoEWeights.from_hf_state_dict` reads a block's state dict).
+Here: the weights, the shared expert and the float64 definition; `moe_block` (model.moe.block_paths) runs one of
+the block's registered paths.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Callable, Mapping
+from typing import Mapping
 
 import torch
 import torch.nn.functional as F
 
-from .config import MoEConfig
-from .dispatch import dispatch_experts
 from .experts import experts_reference
-from .router import ROUTERS, route_reference
+from .router import route_reference
 
-__all__ = ["MoEWeights", "fuse_per_expert_weights", "shared_expert", "moe_block", "moe_block_reference", "MOE_HF_NAMES"]
+__all__ = ["MoEWeights", "fuse_per_expert_weights", "shared_expert", "moe_block_reference", "MOE_HF_NAMES"]
 
 # MoEWeights field -> key in an HF Qwen3_5MoeSparseMoeBlock / Qwen3NextSparseMoeBlock state dict.
 MOE_HF_NAMES = {
@@ -117,21 +117,6 @@ def shared_expert(x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
     """sigmoid(shared_gate(x)) * down(silu(gate(x)) * up(x)), in x's dtype."""
     h = F.silu(F.linear(x, w.shared_w1)) * F.linear(x, w.shared_w3)
     return torch.sigmoid(F.linear(x, w.shared_gate)) * F.linear(h, w.shared_w2)
-
-
-def moe_block(
-    x: torch.Tensor,
-    w: MoEWeights,
-    config: MoEConfig | None = None,
-    router: str | Callable = "topk_softmax",
-) -> torch.Tensor:
-    """The optimised block: router variant + dispatched expert path + shared expert, in x's dtype."""
-    config = MoEConfig() if config is None else config
-    route = ROUTERS[router] if isinstance(router, str) else router
-    logits = F.linear(x, w.router)
-    weights, ids = route(logits, w.top_k)
-    routed = dispatch_experts(x, w.w13, w.w2, weights, ids, config)
-    return routed + shared_expert(x, w)
 
 
 def moe_block_reference(

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..moe.block import MoEWeights, moe_block
+from ..moe.block import MoEWeights
+from ..moe.block_paths import moe_block
 from ..moe.config import MoEConfig
 from .common import all_reduce_sum, check_divisible, shard_columns, shard_rows
 

@@ -14,12 +14,15 @@ from hypothesis import strategies as st
 
 import torch.nn.functional as F
 
-from model.moe import MoEWeights, moe_block_reference, route_reference, shared_expert
+from model.moe import MoEConfig, MoEWeights, moe_block_reference, route_reference, shared_expert
 from model.moe.experts import ExpertPath, experts_magnitude, experts_reference
+from model.paths import ComputePath
 from tests.numerics.compare import poisoned_like, relative_error
 
 # Routing patterns, as router-logit recipes (see `make_router_logits`).
 ROUTING_PATTERNS = ("random", "skewed", "one_expert", "empty_experts", "ties")
+# The patterns a whole block can be given through its router weights (see `make_block_weights`).
+BLOCK_ROUTING_PATTERNS = ("random", "skewed", "ties")
 
 
 @dataclass(frozen=True)
@@ -145,12 +148,19 @@ def check_expert_path(
     """
     if cases is None:
         cases = moe_cases(tokens=st.integers(path.min_tokens, min(path.max_tokens or 300, 300)))
+    _within_bound_for_every_case(
+        path.name, lambda case: expert_path_error(path, case, dtype, device), dtype, bound, cases, run_settings, examples
+    )
+
+
+def _within_bound_for_every_case(name, error_of, dtype, bound, cases, run_settings, examples) -> None:
+    """The property behind check_expert_path and check_block_path: error_of(case) <= bound for every case."""
 
     @given(case=cases)
     def path_matches_reference(case: MoECase) -> None:
-        err = expert_path_error(path, case, dtype, device)
-        note(f"{path.name} {dtype}: relative error {err:.3e}")
-        assert err <= bound, f"{path.name} {dtype}: relative error {err:.3e} > {bound:.1e} for {case}"
+        err = error_of(case)
+        note(f"{name} {dtype}: relative error {err:.3e}")
+        assert err <= bound, f"{name} {dtype}: relative error {err:.3e} > {bound:.1e} for {case}"
 
     for case in examples:
         path_matches_reference = example(case=case)(path_matches_reference)
@@ -169,3 +179,54 @@ def block_reference(x: torch.Tensor, w: MoEWeights) -> tuple[torch.Tensor, float
     ref = moe_block_reference(x, w, routing=routing)
     shared = shared_expert(x.double(), w.to(torch.float64))
     return ref, (ref - shared).norm().item() + shared.norm().item()
+
+
+def make_block_weights(case: MoECase, dtype: torch.dtype, device="cpu") -> MoEWeights:
+    """`make_moe_weights`, with router rows that give the case's routing pattern through x @ router.T (a block
+    routes its own logits): `ties`: each expert's row is one of two random rows or zeros, so every token has
+    exact ties (the zero rows' logits are exactly 0), across the top-k boundary too; `skewed`: row norms spread
+    over 1..8x, so a few experts win most tokens. Other patterns keep the random router."""
+    w = make_moe_weights(case, dtype, device)
+    g = _generator(case, 4, device)
+    router = w.router
+    if case.pattern == "ties":
+        choices = torch.cat([router[:2], torch.zeros_like(router[:1])])
+        router = choices[torch.randint(0, len(choices), (case.experts,), generator=g, device=device)]
+    elif case.pattern == "skewed":
+        scale = torch.linspace(8.0, 1.0, case.experts, device=device)[torch.randperm(case.experts, generator=g, device=device)]
+        router = (router.double() * scale[:, None]).to(dtype)
+    return MoEWeights(**{**w.tensors(), "router": router.contiguous()}, top_k=w.top_k)
+
+
+def block_path_error(
+    path: ComputePath, case: MoECase, dtype: torch.dtype, device="cpu", config: MoEConfig | None = None,
+    router: str = "topk_softmax",
+) -> float:
+    """Error of a block path (model.moe.MOE_BLOCK_PATHS) against the float64 block routed by the same
+    low-precision logits, relative to the size of its two terms (block_reference)."""
+    w = make_block_weights(case, dtype, device)
+    x = make_hidden(case, dtype, device)
+    out = path.fn(x, w, MoEConfig() if config is None else config, router)
+    want = (path.output_dtype(dtype), tuple(x.shape))
+    assert (out.dtype, tuple(out.shape)) == want, f"{path.name} returned {out.dtype} {tuple(out.shape)}, not {want}"
+    ref, scale = block_reference(x, w)
+    return relative_error(out, ref, scale=scale)
+
+
+def check_block_path(
+    path: ComputePath,
+    dtype: torch.dtype,
+    bound: float,
+    device="cpu",
+    cases=None,
+    run_settings: settings | None = None,
+    examples: tuple[MoECase, ...] = (),
+) -> None:
+    """Property: for every drawn case the block path is within `bound` of the float64 block (the block's
+    counterpart of `check_expert_path`; raises hypothesis's failure when the path is wrong)."""
+    if cases is None:
+        cases = moe_cases(tokens=st.integers(path.min_tokens, min(path.max_tokens or 64, 64)),
+                          patterns=st.sampled_from(BLOCK_ROUTING_PATTERNS))
+    _within_bound_for_every_case(
+        path.name, lambda case: block_path_error(path, case, dtype, device), dtype, bound, cases, run_settings, examples
+    )

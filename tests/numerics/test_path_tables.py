@@ -10,7 +10,7 @@ import torch
 import model.moe.expert_paths
 from model.attention import ATTENTION_CORES
 from model.gdn import CONV_PATHS, GDN_RULE_PATHS
-from model.moe import EXPERT_PATHS, ROUTERS
+from model.moe import EXPERT_PATHS, MOE_BLOCK_PATHS, ROUTERS
 from model.norm import GATED_NORM_PATHS, RMS_NORM_PATHS
 from model.paths import ComputePath, PathTable, always_float64
 
@@ -23,6 +23,7 @@ TABLES = {
     "gated_norm": GATED_NORM_PATHS,
     "attention": ATTENTION_CORES,
     "router": ROUTERS,
+    "moe_block": MOE_BLOCK_PATHS,
 }
 
 

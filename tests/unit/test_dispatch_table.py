@@ -94,7 +94,7 @@ def test_lookup_inside_between_and_past_the_ranges(tmp_path):
 @pytest.mark.parametrize(("content", "match"), [
     ("not json", "is not JSON"),
     (json.dumps({"schema": "other", "blocks": {}}), "schema"),
-    (json.dumps(table_json({"moe_block": ranges((1, None, "a"))})), "unknown blocks"),
+    (json.dumps(table_json({"moe_router": ranges((1, None, "a"))})), "unknown blocks"),
     (json.dumps(table_json({"moe_experts": ranges((1, 4, "a"), (4, None, "b"))})), "overlap"),
     (json.dumps(table_json({"moe_experts": ranges((3, 2, "a"))})), "from <= to"),
     (json.dumps(table_json({"moe_experts": {"ranges": [{"from": 1, "path": "a"}]}})), "needs `from`, `to`"),

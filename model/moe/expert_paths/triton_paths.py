@@ -27,14 +27,8 @@ def triton_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str |
     return triton_support.unavailable_reason(device, None if triton is None else triton_decode.INTERPRETED)
 
 
-def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
-    """The kernels index the last dim with unit stride; any other layout is copied (never the case for the
-    model's weights and activations, which are contiguous)."""
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
 def _run(launch, x, w13, w2, weights, ids, out):
-    x, w13, w2 = _last_dim_contiguous(x), _last_dim_contiguous(w13), _last_dim_contiguous(w2)
+    x, w13, w2 = (triton_support.last_dim_contiguous(t) for t in (x, w13, w2))
     if out.stride(-1) == 1:
         return launch(x, w13, w2, weights, ids, out)
     return out.copy_(launch(x, w13, w2, weights, ids, torch.empty(out.shape, dtype=out.dtype, device=out.device)))
