@@ -1,4 +1,4 @@
-"""`qwen36 tune step`: the whole decode step of one tensor-parallel rank, eager, on any device.
+"""`qwen36 tune step`: the whole decode step of one tensor-parallel rank, eager and (on CUDA) as a CUDA graph.
 
 The platform serves eager (CUDA-graph capture hangs there at TP=4), so what a user feels per token is a decode
 step's eager time: the kernels plus the host's cost of launching them. This builds the whole text model at
@@ -6,8 +6,10 @@ one rank's dims with random weights drawn on the device (nothing downloaded), pr
 tokens per sequence, then at each `--step-batches` B times the next decode step (`--reps` samples after
 `--warmup` steps, L2 flushed before each, CUDA events; the host clock on a CPU), counts the kernels one step
 launches (CUDA: torch.profiler), and splits instrumented steps by block kind through model.qwen36's `trace`
-hook, each kind beside its HBM floor (harness/tune/floors.py `decode_step_bytes`). One rank's work only: the
-all-reduces (two per layer), the embedding's all-reduce and the logits' gather are not in it.
+hook, each kind beside its HBM floor (harness/tune/floors.py `decode_step_bytes`). Then the same step over a
+static cache (harness/tune/step_graph.py): eager, and on CUDA captured in a CUDA graph and replayed, checked bit
+for bit against the eager static step (`--no-graph`: eager only). One rank's work only: the all-reduces (two per
+layer), the embedding's all-reduce and the logits' gather are not in it.
 """
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ from pathlib import Path
 import torch
 
 from model.dispatch_table import table_file_name
-from model.gdn import select_rule_path
-from model.moe import select_expert_path
+from model.gdn import select_decode_layer_path, select_rule_path
+from model.moe import select_block_path, select_expert_path
 from model.norm import compute_dtype
 from model.moe import ROUTERS
 from model.norm import GATED_NORM_PATHS, RMS_NORM_PATHS
@@ -36,6 +38,7 @@ from .floors import Work, decode_step_bytes, floor_of
 from .inputs import generator, rank_config, rank_weights
 from .measure import Settings
 from .progress import Progress
+from .step_graph import GraphResult, measure_static_step
 from .step_report import format_step_table, write_step_report
 from .timing import L2Flusher, Timing, time_eager, warm_device
 
@@ -146,6 +149,7 @@ class StepRow:
     floor_us: dict[str, float | None] = field(default_factory=dict)
     kernels: dict[str, int] | None = None  # None: not counted (no CUDA)
     paths: dict[str, str] = field(default_factory=dict)
+    graph: GraphResult | None = None  # the static-cache step, eager and replayed (None: not reached)
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -161,7 +165,7 @@ class StepRow:
                 "step": self.step.as_dict() if self.step else None, "tokens_per_s": self.tokens_per_s,
                 "kernels": self.kernels, "instrumented_us": self.instrumented_us, "kinds_us": self.kinds_us,
                 "bytes": self.bytes, "floor_us": self.floor_us, "step_floor_us": self.step_floor_us,
-                "paths": self.paths}
+                "paths": self.paths, "graph": self.graph.as_dict(self.batch) if self.graph else None}
 
 
 def _sync(device: torch.device) -> None:
@@ -215,14 +219,24 @@ def model_paths(a, device: torch.device, dtype: torch.dtype) -> Qwen36Paths:
 
 
 def _paths(model: Qwen36Model, batch: int, s: Settings) -> dict[str, str]:
-    """The registered path each block serves this batch's decode step with (the device's table or the knobs)."""
-    cfg, paths = model.config, {"router": model.paths.router, "norm": model.paths.norm}
-    if any(model.config.is_moe_layer(i) for i in range(cfg.num_hidden_layers)):
-        paths["moe_experts"] = select_expert_path(batch, model.paths.moe, s.device, s.dtype)
+    """The registered path each block serves this batch's decode step with (the device's table or the knobs):
+    the whole-block path, and the router and experts only where the MoE block is composed, the rule only where
+    the GDN decode layer is staged."""
+    cfg, mp = model.config, model.paths
+    paths = {"norm": mp.norm}
+    if any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers)):
+        paths["moe_block"] = mp.moe_block or select_block_path(batch, s.device, s.dtype, mp.moe)
+        if paths["moe_block"] == "composed":
+            paths["router"] = mp.router
+            paths["moe_experts"] = select_expert_path(batch, mp.moe, s.device, s.dtype)
     if "linear_attention" in cfg.layer_types:
-        paths["gdn_rule"] = model.paths.gdn_rule or select_rule_path(1, batch, s.device, s.dtype)
+        served_by_table = mp.gdn_rule is None and mp.gdn_conv is None and mp.norm == "fused"  # as gdn_layer routes
+        paths["gdn_decode_layer"] = mp.gdn_decode_layer or (
+            select_decode_layer_path(batch, s.device, s.dtype) if served_by_table else "staged")
+        if paths["gdn_decode_layer"] == "staged":
+            paths["gdn_rule"] = mp.gdn_rule or select_rule_path(1, batch, s.device, s.dtype)
     if "full_attention" in cfg.layer_types:
-        paths["attention_core"] = model.paths.attention_core
+        paths["attention_core"] = mp.attention_core
     return paths
 
 
@@ -247,7 +261,8 @@ def measure_batch(model: Qwen36Model, batch: int, prefill: int, s: Settings, cei
     # modifies a cache it is given).
     tick(f"B={batch}: {s.reps} timed decode steps")
     row.step = time_eager(lambda: model.forward(ids, cache), s.device, s.flusher, s.reps, s.warmup)
-    if not torch.isfinite(model.forward(ids, cache)[0]).all():
+    step_logits = model.forward(ids, cache)[0]
+    if not torch.isfinite(step_logits).all():
         raise StepError("the decode step's logits are not finite: lower the weight scales in "
                         "harness/tune/inputs.py rank_weights")
     tick(f"B={batch}: {s.reps} instrumented steps")
@@ -255,6 +270,12 @@ def measure_batch(model: Qwen36Model, batch: int, prefill: int, s: Settings, cei
     if s.device.type == "cuda":
         tick(f"B={batch}: kernels of one step (torch.profiler)")
     row.kernels = profile_kernels(lambda: model.forward(ids, cache), s.device)
+    try:  # a failure here costs the graph column only: the eager results above stand
+        row.graph = measure_static_step(model, cache, ids, step_logits, s, tick)
+    except Exception as exc:
+        row.graph = GraphResult("error", f"{type(exc).__name__}: {str(exc).strip()[:300]}")
+        print(f"qwen36 tune step: B={batch}: the static-cache step failed: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
     return row
 
 
@@ -285,8 +306,9 @@ def run_step(a) -> int:
     today = dt.datetime.now(dt.timezone.utc).date().isoformat()
     report_dir = Path(a.report_dir or Path("runs") / "tune" / f"{stem}-{today}")
     ceilings = ceilings_for(stem, a.hbm_tbps, a.peak_tflops)
-    s = Settings(device, dtype, a.reps, a.warmup, False, L2Flusher(device, a.flush_mb * 2**20))
-    per_step = 3 + (device.type == "cuda")
+    graphs = device.type == "cuda" and not a.no_graph
+    s = Settings(device, dtype, a.reps, a.warmup, graphs, L2Flusher(device, a.flush_mb * 2**20))
+    per_step = 4 + (device.type == "cuda") + graphs
     progress = Progress(1 + per_step * len(batches), enabled=not a.no_progress, unit="phase")
     meta = {
         "device": name, "device_stem": stem, "date": today, "torch": torch.__version__,
@@ -301,6 +323,8 @@ def run_step(a) -> int:
                    if device.type == "cuda" else
                    f"eager; median of {a.reps} host-clock steps (spread = IQR / median) after {a.warmup} warm-up "
                    "steps"),
+        "graph_timing": ("CUDA graph replay of the static-cache step, timed as the eager step is" if graphs else
+                         "off (--no-graph)" if device.type == "cuda" else "n/a (CUDA only)"),
     }
     rows: list[StepRow] = []
     try:

@@ -5,6 +5,9 @@
                 h = h + mlp(norm2(h))     (the sparse MoE block through model.moe's dispatcher, or a dense MLP)
     logits = lm_head(final_norm(h))
 State per layer: GDNState (conv window + recurrent state) or KVCache; `Qwen36Cache.length` tokens seen.
+`forward` also steps a `StaticDecodeCache` (model/qwen36/static_cache.py): the same loop with the mixers that
+write their state into preallocated buffers in place and take positions from a device-side length, for a step a
+CUDA graph can capture (model/qwen36/static_step.py).
 Which registered path each block runs is chosen by `Qwen36Paths`; the default is the serving dispatch.
 `forward(..., trace=...)` runs each block inside `trace(kind)` (kinds: TRACE_KINDS), for a profiler that
 times blocks without a copy of this loop; without it nothing is wrapped.
@@ -12,15 +15,17 @@ times blocks without a copy of this loop; without it nothing is wrapped.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, ContextManager, Union
 
 import torch
 import torch.nn.functional as F
 
-from ..attention import ATTENTION_CORES, KVCache, gated_attention
+from ..attention import ATTENTION_CORES, KVCache, gated_attention, gated_attention_static
 from ..gdn import CONV_PATHS, GDN_RULE_PATHS, GDNState, gdn_layer
 from ..moe import MoEConfig, MoEWeights, moe_block
 from ..norm import RMS_NORM_PATHS
+from .static_cache import StaticDecodeCache
 from .weights import DenseMLPWeights, Qwen36Weights
 
 __all__ = ["Qwen36Paths", "Qwen36Cache", "Qwen36Model", "TRACE_KINDS"]
@@ -34,12 +39,19 @@ Trace = Callable[[str], ContextManager]
 
 @dataclass(frozen=True)
 class Qwen36Paths:
-    """The path each block runs. None for the GDN paths means the serving choice by token count."""
+    """The path each block runs. None means the serving choice (the device's dispatch table, else the default).
+
+    `moe_block` picks the whole MoE block's path (model.moe.MOE_BLOCK_PATHS; `router` and `moe` serve the
+    `composed` block), `gdn_decode_layer` the whole GDN layer's path for a one-token step
+    (model.gdn.GDN_DECODE_LAYER_PATHS; `gdn_rule` and `gdn_conv` serve the `staged` layer and prefills). A forced
+    `gdn_rule` or `gdn_conv` runs the staged layer, so it cannot combine with `gdn_decode_layer`."""
 
     moe: MoEConfig = field(default_factory=MoEConfig)
     router: str = "topk_softmax"
+    moe_block: str | None = None
     gdn_rule: str | None = None
     gdn_conv: str | None = None
+    gdn_decode_layer: str | None = None
     attention_core: str = "sdpa"
     norm: str = "fused"
 
@@ -49,6 +61,7 @@ class Qwen36Paths:
         return cls(
             moe=MoEConfig(native=False),
             router="reference",
+            moe_block="composed",  # reference router and experts, composed (never a fused block a table names)
             gdn_rule=GDN_RULE_PATHS.reference.name,
             gdn_conv=CONV_PATHS.reference.name,
             attention_core=ATTENTION_CORES.reference.name,
@@ -71,27 +84,37 @@ class Qwen36Model:
     def new_cache(self) -> Qwen36Cache:
         return Qwen36Cache(layers=(None,) * self.config.num_hidden_layers)
 
+    def _decode_layer(self, tokens: int) -> str | None:
+        """The GDN decode-layer path to force (None: the serving choice); only a one-token step takes one."""
+        return self.paths.gdn_decode_layer if tokens == 1 else None
+
     def _mlp(self, h: torch.Tensor, w: Union[MoEWeights, DenseMLPWeights]) -> torch.Tensor:
         flat = h.reshape(-1, h.shape[-1])
         if isinstance(w, MoEWeights):
-            out = moe_block(flat, w, self.paths.moe, self.paths.router)
+            out = moe_block(flat, w, self.paths.moe, self.paths.router, block=self.paths.moe_block)
         else:
             out = F.linear(F.silu(F.linear(flat, w.gate_proj)) * F.linear(flat, w.up_proj), w.down_proj)
         return out.reshape(h.shape)
 
     @torch.no_grad()
     def forward(
-        self, input_ids: torch.Tensor, cache: Qwen36Cache | None = None, trace: Trace | None = None
-    ) -> tuple[torch.Tensor, Qwen36Cache]:
+        self, input_ids: torch.Tensor, cache: Qwen36Cache | StaticDecodeCache | None = None,
+        trace: Trace | None = None,
+    ) -> tuple[torch.Tensor, Qwen36Cache | StaticDecodeCache]:
         """logits [B, T, vocab] for `input_ids` [B, T] following `cache` (None: a fresh batch of sequences).
 
+        A Qwen36Cache is left as it was and a new one returned. A StaticDecodeCache is updated in place and
+        returned (its length advanced on the device); the caller keeps its length below max_len.
         `trace`: called as `trace(kind)` around each block (kind in TRACE_KINDS), returning a context manager;
         None leaves every block unwrapped, so the untraced step costs what it did before the hook."""
         if input_ids.dim() != 2 or input_ids.shape[1] < 1:
             raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}; expected [batch, tokens >= 1]")
         cache = self.new_cache() if cache is None else cache
+        static = isinstance(cache, StaticDecodeCache)
         rms = RMS_NORM_PATHS[self.paths.norm].fn
-        embed, gdn, attention, mlp, lm_head = F.embedding, gdn_layer, gated_attention, self._mlp, F.linear
+        # The mixers by cache: the static ones keep their state in the cache's buffers (same loop, same blocks).
+        gdn, attention = (partial(gdn_layer, in_place=True), gated_attention_static) if static else (gdn_layer, gated_attention)
+        embed, mlp, lm_head = F.embedding, self._mlp, F.linear
         if trace is not None:  # each block inside trace(kind); without a trace nothing is wrapped
             rms = _traced(trace, "norm", rms)
             embed, lm_head = _traced(trace, "embed", embed), _traced(trace, "lm_head", lm_head)
@@ -103,15 +126,16 @@ class Qwen36Model:
         for layer, state in zip(self.weights.layers, cache.layers):
             x = rms(h, layer.input_norm, eps)
             if layer.kind == "linear_attention":
-                y, state = gdn(
-                    x, layer.mixer, state, rule=self.paths.gdn_rule, conv=self.paths.gdn_conv, norm=self.paths.norm
-                )
+                y, state = gdn(x, layer.mixer, state, rule=self.paths.gdn_rule, conv=self.paths.gdn_conv,
+                               norm=self.paths.norm, decode_layer=self._decode_layer(input_ids.shape[1]))
             else:
                 y, state = attention(x, layer.mixer, state, core=self.paths.attention_core, norm=self.paths.norm)
             new_states.append(state)
             h = h + y
             h = h + mlp(rms(h, layer.post_norm, eps), layer.mlp)
         logits = lm_head(rms(h, self.weights.final_norm, eps), self.weights.lm_head)
+        if static:
+            return logits, cache.advance(input_ids.shape[1])
         return logits, Qwen36Cache(layers=tuple(new_states), length=cache.length + input_ids.shape[1])
 
     __call__ = forward

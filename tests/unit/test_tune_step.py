@@ -15,12 +15,18 @@ from harness.cli import main
 from harness.tune import dims as D
 from harness.tune.floors import decode_step_bytes
 from harness.tune.inputs import rank_config, rank_weights
-from harness.tune.step import QWEN36_35B_A3B, TINY_MODEL, BlockClock, count_device_work
+from harness.tune import step_graph
+from harness.tune.measure import Settings
+from harness.tune.step import QWEN36_35B_A3B, TINY_MODEL, BlockClock, StepRow, count_device_work
+from harness.tune.step_graph import CHECK_STEPS, GraphResult, measure_static_step
+from harness.tune.step_report import format_step_table, write_step_report
+from harness.tune.timing import L2Flusher, Timing
 from model.attention import gated_attention
 from model.gdn import gdn_layer
 from model.moe import moe_block
 from model.norm import RMS_NORM_PATHS
 from model.qwen36 import Qwen36Config, Qwen36Model
+from model.tolerances import ATTENTION_CORES
 
 BATCHES = (1, 3, 5)
 
@@ -59,7 +65,14 @@ def test_the_command_writes_one_row_per_batch_with_every_block_kind(tmp_path):
         assert set(r["bytes"]) == expected and all(r["floor_us"][k] > 0 for k in expected)
         assert r["kernels"] is None  # no CUDA: not counted
         assert f"\n| {r['batch']} | " in md
+        # The static-cache step runs eagerly on any device; its graph only on CUDA.
+        graph = r["graph"]
+        assert graph["status"] == "n/a (CUDA only)" and graph["replay"] is None
+        assert graph["max_len"] == 8 + CHECK_STEPS and graph["static_eager"]["samples"] == 3
+        assert graph["static_vs_dynamic_rel_err"] <= ATTENTION_CORES["sdpa"][torch.float32]
+        assert f"\n| {r['batch']} | n/a (CUDA only) | {8 + CHECK_STEPS} | " in md
     assert "## Graph replay" in md and "## Floor assumptions" in md and report["floor_assumptions"]
+    assert "n/a (CUDA only)" in md.split("## Decode step")[1].split("\n\n")[1]  # the graph column of the step table
 
 
 def test_step_refuses_the_gate_flags(capsys):
@@ -209,3 +222,82 @@ def test_an_unknown_or_unavailable_path_is_refused_naming_the_choices(tmp_path, 
     code = main(["tune", "step", "--dims", "tiny", "--device", "cpu", "--router", "triton_fused", "--no-progress",
                  "--report-dir", str(tmp_path)])
     assert code == 2 and "triton_fused" in capsys.readouterr().err and not (tmp_path / "step.json").exists()
+
+
+def _settings(graphs: bool) -> Settings:
+    return Settings(torch.device("cpu"), torch.float32, 2, 1, graphs, L2Flusher(torch.device("cpu")))
+
+
+def test_a_batch_whose_step_cannot_be_captured_is_skipped_with_the_reason(monkeypatch, tmp_path):
+    """Capture refused (here: a CPU made to look graph-capable, so CapturableDecodeStep.capture refuses it): the
+    batch keeps its eager results, the graph column says skipped, and the reason reaches the table and report."""
+    monkeypatch.setattr(step_graph, "graphs_supported", lambda device: True)
+    model = tiny_rank_model()
+    ids, cache = prefilled(model)
+    result = measure_static_step(model, cache, ids, model.forward(ids, cache)[0], _settings(True), lambda _: None)
+    assert result.status == "skipped" and result.replay is None and result.static_eager is not None
+    assert result.detail.startswith("capture failed: ValueError: CUDA graphs need a CUDA device"), result.detail
+    assert result.eager_reproducible  # the eager check steps ran before the capture was tried
+    row = _ok_row(2, result)
+    meta = _meta()
+    table = format_step_table(meta, [row])
+    assert f"graph B=2: skipped: {result.detail}" in table and "skipped (see below)" in table
+    write_step_report(tmp_path, meta, [row])
+    md = (tmp_path / "step.md").read_text()
+    assert result.detail in md and json.loads((tmp_path / "step.json").read_text())["rows"][0]["graph"]["status"] == \
+        "skipped"
+
+
+def test_the_graph_columns_show_the_replay_beside_eager_and_flag_a_replay_that_differs(tmp_path):
+    equal = GraphResult("ok", max_len=11, static_eager=Timing(1200.0, 1100.0, 1300.0, 5),
+                        replay=Timing(500.0, 450.0, 550.0, 5), static_vs_dynamic=3e-7, replay_equals_eager=True,
+                        replay_max_abs_diff=0.0, eager_reproducible=True)
+    differs = GraphResult("ok", max_len=11, static_eager=Timing(1200.0, 1100.0, 1300.0, 5),
+                          replay=Timing(400.0, 390.0, 410.0, 5), static_vs_dynamic=3e-7, replay_equals_eager=False,
+                          replay_max_abs_diff=0.125, eager_reproducible=False)
+    off = GraphResult("off (--no-graph)")
+    rows = [_ok_row(1, equal), _ok_row(8, differs), _ok_row(64, off)]
+    meta = _meta()
+    table = format_step_table(meta, rows)
+    lines = table.splitlines()
+    assert lines[1].split()[:5] == ["B", "eager", "ms", "(IQR/med)", "graph"]
+    one = next(line for line in lines if line.strip().startswith("1 "))
+    assert "0.50 (20%)" in one and "2,000" in one  # graph ms, and 1 / 500 us = 2,000 tokens/s
+    assert "graph B=8: the replay's logits differ from the eager static step's (max abs diff 0.125; eager " \
+           "reproducible: no)" in table
+    assert "graph B=1" not in table and "off (--no-graph)" in table
+    write_step_report(tmp_path, meta, rows)
+    md = (tmp_path / "step.md").read_text()
+    assert "| 1 | ok | 11 | 1.20 (17%) | 0.50 (20%) | 833 | 2,000 | yes | yes | 3.00e-07 | - |" in md
+    assert "| 8 | ok | 11 | 1.20 (17%) | 0.40 (5%) | 6,667 | 20,000 | no (max abs diff 0.125) | no | 3.00e-07 | - |" \
+        in md
+    assert "| 64 | off (--no-graph) | - | - | - | - | - | - | - | - | - |" in md
+    payload = json.loads((tmp_path / "step.json").read_text())
+    assert payload["rows"][0]["graph"]["replay_tokens_per_s"] == pytest.approx(2000.0)
+    assert payload["graph_findings"] and payload["graph_method"]
+
+
+def _meta() -> dict:
+    cfg = rank_config(Qwen36Config.from_hf_dict(TINY_MODEL), 4)
+    return {"device": "cpu", "date": "2026-01-01", "command": "qwen36 tune step", "torch": torch.__version__,
+            "dtype": "float32", "dims": "tiny-tp4", "tp": 4, "prefill": 8, "reps": 5, "warmup": 1,
+            "router": "topk_softmax", "norm": "fused", "rank_config": dict(vars(cfg)), "timing": "eager",
+            "graph_timing": "test", "ceilings": {"hbm_bytes_per_s": 1e12, "source": "test"}}
+
+
+def _ok_row(batch: int, graph: GraphResult) -> StepRow:
+    return StepRow(batch, 9, step=Timing(1000.0, 900.0, 1100.0, 5), instrumented_us=1100.0, graph=graph)
+
+
+def test_a_capture_error_names_the_error_that_started_it():
+    """A refused op inside a capture often surfaces as the capture's end failing, which names no cause."""
+    try:
+        try:
+            raise RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture\ndetails")
+        finally:
+            raise RuntimeError("operation failed due to a previous error during capture")
+    except RuntimeError as exc:
+        why = step_graph._why(exc)
+    assert why == ("RuntimeError: operation failed due to a previous error during capture (raised first: "
+                   "RuntimeError: Cannot copy between CPU and CUDA tensors during CUDA graph capture)")
+    assert step_graph._why(ValueError("alone")) == "ValueError: alone"
