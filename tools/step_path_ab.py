@@ -6,7 +6,10 @@ share one set of random weights and one prefilled cache; rounds alternate which 
 round times a median of `--reps` eager steps per side (harness.tune.timing.time_eager: L2 flushed, CUDA events).
 The per-round ratio B/A is what the verdict rests on. Writes a JSON of every round.
 
-    python3 tools/step_path_ab.py --b-router triton_fused --b-norm triton --batches 1,8 --rounds 12 --out ab.json
+    python3 tools/step_path_ab.py --b router=triton_fused,norm=triton --batches 1,8 --rounds 12 --out ab.json
+
+`--a` and `--b` take `field=value` pairs of model.qwen36's Qwen36Paths (router, norm, moe_block,
+gdn_decode_layer, ...); a field not given keeps Qwen36Paths' default (the serving choice).
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -24,12 +28,22 @@ from harness.tune.timing import L2Flusher, time_eager, warm_device
 from model.qwen36 import Qwen36Config, Qwen36Model, Qwen36Paths
 
 
+def paths_from(spec: str) -> dict[str, str]:
+    """"router=triton_fused,norm=triton" -> Qwen36Paths keyword arguments (string-valued fields only)."""
+    known = {f.name for f in fields(Qwen36Paths) if f.name != "moe"}
+    out = {}
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or name not in known:
+            raise SystemExit(f"step_path_ab: {item!r} is not field=value with a field of {sorted(known)}")
+        out[name] = value
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--a-router", default="topk_softmax")
-    p.add_argument("--a-norm", default="fused")
-    p.add_argument("--b-router", default="triton_fused")
-    p.add_argument("--b-norm", default="triton")
+    p.add_argument("--a", default="", help="side A's Qwen36Paths fields, field=value,... (default: the defaults)")
+    p.add_argument("--b", default="router=triton_fused,norm=triton", help="side B's, the same way")
     p.add_argument("--batches", default="1,8")
     p.add_argument("--prefill", type=int, default=256)
     p.add_argument("--rounds", type=int, default=12)
@@ -38,15 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default=None)
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
+    choices = {"a": paths_from(a.a), "b": paths_from(a.b)}  # before building weights: a typo fails at once
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     cfg = rank_config(Qwen36Config.from_hf_dict(QWEN36_35B_A3B if a.dims == "real" else TINY_MODEL), 4)
     weights = rank_weights(cfg, dtype, device)
-    models = {"a": Qwen36Model(weights, Qwen36Paths(router=a.a_router, norm=a.a_norm)),
-              "b": Qwen36Model(weights, Qwen36Paths(router=a.b_router, norm=a.b_norm))}
+    models = {side: Qwen36Model(weights, Qwen36Paths(**fields)) for side, fields in choices.items()}
     flusher = L2Flusher(device, 256 * 2**20)
     warm_device(device)
-    result = {"a": {"router": a.a_router, "norm": a.a_norm}, "b": {"router": a.b_router, "norm": a.b_norm},
+    result = {"a": choices["a"], "b": choices["b"],
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "reps": a.reps, "rounds": a.rounds, "batches": {}}
     for batch in (int(x) for x in a.batches.split(",")):

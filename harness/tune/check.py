@@ -18,14 +18,15 @@ from pathlib import Path
 import torch
 
 from model.dispatch_table import TABLE_ENV, clear_table_cache
-from model.gdn import select_rule_path
-from model.moe import MoEConfig, select_expert_path
+from model.gdn import select_decode_layer_path, select_rule_path
+from model.moe import MoEConfig, select_block_path, select_expert_path
 
 from . import dims as D
 from .add_run import add_run
+from .block_rows import COMPOSED, STAGED, block_choice, fused_layer_paths
 from .ceilings import ceilings_for
 from .device_table import RECORD_COMMAND, TableRefused, open_device_table
-from .check_plan import CheckPlan, plan_check, ranking_block
+from .check_plan import CheckPlan, layer_paths_to_time, plan_check, ranking_block
 from .gate import FLOORS, MIN_SWEEPS, PointVerdict, StaleVerdict, judge_point, judge_stale
 from .gdn import sweep_gdn
 from .gdn_layer import time_gdn_layer
@@ -40,6 +41,9 @@ from .sweeps import merge_sweeps
 from .timing import L2Flusher, device_identity, warm_device
 
 __all__ = ["run_check"]
+
+# The dispatch blocks that choose a whole block's path (harness/tune/block_rows.py).
+WHOLE_BLOCKS = ("moe_block", "gdn_layer_decode")
 
 def _refuse(message: str) -> int:
     print(f"qwen36 tune --check: {message}", file=sys.stderr)
@@ -90,9 +94,9 @@ def run_check(a) -> int:
         s = Settings(device, dtype, reps, warmup, t.times_graphs(a.no_graph), L2Flusher(device, flush_mb * 2**20))
         full = bool(a.check_stale)
         plan = plan_check(raw, recorded, full)
-        if not full:
+        if not full:  # the block as served there: a fused block path, or composed with the served experts
             for tokens in plan.moe_block:
-                plan.moe_block[tokens] = {select_expert_path(tokens, MoEConfig(), device, dtype)}
+                plan.moe_block[tokens] = {_served_block_row(tokens, device, dtype)}
         began = time.monotonic()
         with injected_delays(delays) as injected:
             rows = _measure(plan, dims, s, a, ceilings_for(t.stem, None, None))
@@ -130,7 +134,8 @@ def _measure(plan: CheckPlan, dims: D.TuneDims, s: Settings, a, ceilings) -> lis
                           progress.tick, rows, paths_at=lambda block, key: getattr(plan, block).get(key))
             if plan.layer_points:
                 time_gdn_layer(dims.gdn, s, lambda b, t: select_rule_path(t, b, s.device, s.dtype), progress.tick,
-                               plan.layer_points, rows, stages=("layer",))
+                               plan.layer_points, rows,
+                               stages=layer_paths_to_time(plan, fused_layer_paths(), bool(a.check_stale)))
             if plan.moe_experts:
                 sweep_moe_experts(dims.moe, sorted(plan.moe_experts), s, ceilings, never, progress.tick, None,
                                   rows, paths_at=plan.paths_at("moe_experts"))
@@ -145,7 +150,31 @@ def _measure(plan: CheckPlan, dims: D.TuneDims, s: Settings, a, ceilings) -> lis
 def _served(block: str, key: int, device, dtype) -> str:
     if block == "moe_experts":
         return select_expert_path(key, MoEConfig(), device, dtype)
+    if block == "moe_block":
+        return select_block_path(key, device, dtype)
+    if block == "gdn_layer_decode":
+        return select_decode_layer_path(key, device, dtype)
     return select_rule_path(1, key, device, dtype) if block == "gdn_decode" else select_rule_path(key, 1, device, dtype)
+
+
+def _served_block_row(tokens: int, device, dtype) -> str:
+    """The `moe_block` row that times the block as served at `tokens` (harness/tune/block_rows.py)."""
+    path = select_block_path(tokens, device, dtype)
+    return select_expert_path(tokens, MoEConfig(), device, dtype) if path == COMPOSED else path
+
+
+def _table_choice(plan: CheckPlan, block: str, key: int) -> str:
+    """What the table serves at a point of a whole-block dispatch; a table without the block serves the default."""
+    return plan.dispatched.get((block, key), COMPOSED if block == "moe_block" else STAGED)
+
+
+def _row_choice(plan: CheckPlan, block: str, key: int, path: str) -> str | None:
+    """The choice a `moe_block` or `gdn_layer_decode` row stands for, or None. Of the composed block's rows (one
+    per expert path) only the one with the experts the table serves there stands for `composed`."""
+    choice = block_choice(block, block, path)
+    if choice == COMPOSED and path != plan.dispatched.get(("moe_experts", key)):
+        return None
+    return choice
 
 
 def _judge(plan: CheckPlan, merged: list[Measurement], recorded: dict[tuple, RecordedPoint], raw: dict, device,
@@ -174,9 +203,12 @@ def _judge(plan: CheckPlan, merged: list[Measurement], recorded: dict[tuple, Rec
             continue
         if r.block in ("moe_experts", "gdn_prefill", "gdn_decode") and plan.dispatched.get((r.block, r.key)) != r.path:
             continue  # the full check's other paths: judged for staleness below
+        if r.block in WHOLE_BLOCKS and block_choice(r.block, r.block, r.path) not in (
+                None, _table_choice(plan, r.block, r.key)):
+            continue  # a whole-block path the table does not serve there: judged for staleness below
         record_path = r.path
-        if r.block == "moe_block":
-            record_path = table_moe.get(r.key, r.path)  # the block as it was recorded serving
+        if r.block == "moe_block" and block_choice(r.block, r.block, r.path) == COMPOSED:
+            record_path = table_moe.get(r.key, r.path)  # the composed block as it was recorded serving
             if full and r.path != record_path:
                 continue
         rp = recorded.get((r.block, r.key, record_path))
@@ -208,9 +240,17 @@ def _judge_stale(plan: CheckPlan, merged, raw, verdicts, failures) -> None:
     for r in merged:
         if r.status == "ok":
             by_point.setdefault((r.block, r.key), {})[r.path] = r
-    for (block, key), chosen in sorted(plan.dispatched.items()):
+    points = dict(plan.dispatched)
+    for r in merged:  # whole-block points a table recorded before the block was dispatched serves by default
+        if r.block in WHOLE_BLOCKS and block_choice(r.block, r.block, r.path):
+            points.setdefault((r.block, r.key), _table_choice(plan, r.block, r.key))
+    for (block, key), chosen in sorted(points.items()):
         source = ranking_block(block, key, plan)
         here = by_point.get((source, key), {})
+        if block in WHOLE_BLOCKS:  # rows by the choice they stand for
+            here = {c: r for p, r in here.items() if (c := _row_choice(plan, block, key, p))}
+        else:  # the routed experts ranked at the block's points: the composed block's rows only
+            here = {p: r for p, r in here.items() if block_choice(block, source, p)}
         if chosen not in here:
             continue  # already a failure above (wrong, error, or not served)
         mode = "graph" if graph_first and here[chosen].extra.get("graph_sweeps_us") else "eager"

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from .record import RecordedPoint
 
-__all__ = ["CheckPlan", "plan_check", "ranking_block"]
+__all__ = ["CheckPlan", "layer_paths_to_time", "plan_check", "ranking_block"]
 
 MOE_BLOCK, LAYER_BLOCKS = "moe_block", ("gdn_layer_decode", "gdn_layer_prefill")
 
@@ -19,6 +19,7 @@ class CheckPlan:
     moe_block: dict[int, set[str] | None] = field(default_factory=dict)
     gdn_prefill: dict[int, set[str] | None] = field(default_factory=dict)
     gdn_decode: dict[int, set[str] | None] = field(default_factory=dict)
+    gdn_layer_decode: dict[int, set[str] | None] = field(default_factory=dict)  # batch -> decode-layer paths
     layer_points: list[tuple[int, int]] = field(default_factory=list)  # (batch, tokens)
     dispatched: dict[tuple[str, int], str] = field(default_factory=dict)  # (block, key) -> the table's path
 
@@ -52,6 +53,8 @@ def plan_check(raw_table: dict, recorded: dict[tuple[str, int, str], RecordedPoi
     plan = CheckPlan(dispatched=_dispatch_points(raw_table))
     for (block, key), path in plan.dispatched.items():
         getattr(plan, block)[key] = None if full else {path}
+        if block == "gdn_layer_decode" and (key, 1) not in plan.layer_points:
+            plan.layer_points.append((key, 1))
     for block, key, _ in recorded:
         if block == MOE_BLOCK:
             # Timed as served: the path the dispatcher picks there (the check fills it in on the device).
@@ -62,6 +65,14 @@ def plan_check(raw_table: dict, recorded: dict[tuple[str, int, str], RecordedPoi
                 plan.layer_points.append(point)
     plan.layer_points.sort(key=lambda bt: (bt[1], bt[0]))
     return plan
+
+
+def layer_paths_to_time(plan: CheckPlan, fused: list[str], full: bool) -> tuple[str, ...]:
+    """The whole-layer rows the check times at its layer points: the staged layer (`layer`, as recorded) always;
+    the fused decode-layer paths the table names, or all of them in the full check (a table recorded before a
+    path existed is stale where that path is faster)."""
+    named = set(fused) if full else {p for paths in plan.gdn_layer_decode.values() for p in (paths or ())}
+    return ("layer", *sorted(named & set(fused)))
 
 
 def ranking_block(block: str, key: int, plan: CheckPlan) -> str:

@@ -1,5 +1,6 @@
 """The GDN layer end to end and stage by stage (projections, causal conv1d, gating, delta rule, gated RMSNorm,
-out_proj), to say which part dominates once the rule is fast. The whole layer's output is compared with the
+out_proj), to say which part dominates once the rule is fast; at the decode points, every fused decode-layer
+path (model.gdn.GDN_DECODE_LAYER_PATHS) end to end beside it. The whole layer's output is compared with the
 float64 layer built from the reference paths; model/tolerances.py bounds it only in float32
 (GDN_LAYER), so for other dtypes the error is reported, not judged."""
 from __future__ import annotations
@@ -9,10 +10,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from model.gdn import GDNDims, GDNState, gdn_gating, gdn_layer, run_conv_path, run_gdn_rule, select_conv_path
+from model.gdn import (GDN_DECODE_LAYER_PATHS, GDNDims, GDNState, gdn_gating, gdn_layer, run_conv_path, run_gdn_rule,
+                       select_conv_path)
 from model.norm import GATED_NORM_PATHS
 
 from model import tolerances
+from .block_rows import fused_layer_paths, is_layer_row
 from .inputs import gdn_hidden, gdn_weights, generator
 from .measure import Measurement, Settings, check_error, measure
 
@@ -54,15 +57,25 @@ def _stage_calls(x, w, state, rule: str) -> dict[str, Callable[[], object]]:
         "rule": lambda: run_gdn_rule(rule, q, k, v, g, beta, state.recurrent),
         "gated_norm": lambda: GATED_NORM_PATHS["fused"].fn(core.to(x.dtype), w.norm, d.eps, z),
         "out_proj": lambda: F.linear(flat, w.out_proj),
-        "layer": lambda: gdn_layer(x, w, state, rule=rule),
+        "layer": lambda: gdn_layer(x, w, state, rule=rule),  # a forced rule: the staged layer
     }
+
+
+def _fused_layer_calls(x, w, state, names) -> dict[str, Callable[[], object]]:
+    """One closure per fused decode-layer path: the whole layer, into a fresh state (the input state is kept, so
+    every call does the same work)."""
+    out_state = GDNState(conv=torch.empty_like(state.conv), recurrent=torch.empty_like(state.recurrent))
+    return {name: (lambda fn=GDN_DECODE_LAYER_PATHS[name].fn: (fn(x, w, state, out_state),)) for name in names}
 
 
 def time_gdn_layer(d: GDNDims, s: Settings, rule_for: Callable[[int, int], str], tick: Callable[[str], None],
                    points=LAYER_POINTS, rows: list[Measurement] | None = None,
-                   stages: tuple[str, ...] = STAGES) -> list[Measurement]:
+                   stages: tuple[str, ...] | None = None) -> list[Measurement]:
     """Appends to `rows` as it goes (a sweep stopped half way keeps what it measured); `stages` picks what is
-    timed (the perf gate times only the whole `layer`)."""
+    timed (default: every stage of the staged layer, the whole staged layer `layer`, and every fused decode-layer
+    path at the decode points; the perf gate times only whole layers)."""
+    fused = fused_layer_paths()
+    stages = (*STAGES, *fused) if stages is None else stages
     w = gdn_weights(d, s.dtype, s.device)
     w64 = w.to(torch.float64)
     bound = tolerances.GDN_LAYER.get(s.dtype)
@@ -77,11 +90,16 @@ def time_gdn_layer(d: GDNDims, s: Settings, rule_for: Callable[[int, int], str],
         state64 = GDNState(conv=state.conv.double(), recurrent=state.recurrent.double())
         ref, _ = gdn_layer(x.double(), w64, state64, rule="recurrent_reference", conv="reference", norm="reference")
         del state64
-        for stage, call in _stage_calls(x, w, state, rule).items():
+        calls = _stage_calls(x, w, state, rule)
+        if tokens == 1:
+            calls.update(_fused_layer_calls(x, w, state, [n for n in fused if n in stages and
+                                                            GDN_DECODE_LAYER_PATHS[n].supports(1, s.dtype, s.device)]))
+        for stage, call in calls.items():
             if stage not in stages:
                 continue
-            m = Measurement(block, key, stage, "error", extra={"batch": batch, "tokens": tokens, "rule": rule})
-            if stage == "layer":
+            extra = {"batch": batch, "tokens": tokens} | ({"rule": rule} if stage in STAGES else {})
+            m = Measurement(block, key, stage, "error", extra=extra)
+            if is_layer_row(block, stage):
                 m.bound = bound if bound is not None else float("inf")
                 y = torch.empty(x.shape, dtype=s.dtype, device=s.device)  # static, so a graph replay fills it
                 measure(m, lambda call=call, y=y: y.copy_(call()[0]), lambda y=y: y.fill_(float("nan")),

@@ -1,6 +1,6 @@
 """The MoE sweeps: every available path of model.moe.EXPERT_PATHS at each token count (routed experts alone),
-the whole block (router, routed experts on each path, sigmoid-gated shared expert) at a few counts, and every
-router of model.moe.ROUTERS (the routing alone)."""
+the whole block at a few counts (composed: router, routed experts on each path, sigmoid-gated shared expert;
+and every fused block path), and every router of model.moe.ROUTERS (the routing alone)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,10 +9,12 @@ from typing import Callable, Collection
 import torch
 import torch.nn.functional as F
 
-from model.moe import EXPERT_PATHS, ROUTERS, MoEWeights, moe_block_reference, route_reference, shared_expert
+from model.moe import (EXPERT_PATHS, MOE_BLOCK_PATHS, ROUTERS, MoEConfig, MoEWeights, moe_block_reference,
+                       route_reference, shared_expert)
 from model.moe.experts import experts_magnitude
 
 from model import tolerances
+from .block_rows import fused_block_paths
 from .ceilings import Ceilings
 from .dims import MoEDims
 from .floors import Floor, floor_of, moe_block_work, moe_experts_work
@@ -110,9 +112,10 @@ def sweep_moe_experts(d: MoEDims, tokens_list, s: Settings, ceilings: Ceilings, 
 def sweep_moe_block(d: MoEDims, tokens_list, s: Settings, ceilings: Ceilings, pruner: Pruner,
                     tick: Callable[[str], None], w: MoEWeights | None = None,
                     rows: list[Measurement] | None = None, paths_at: PathsAt | None = None) -> list[Measurement]:
-    """The block as model.moe.moe_block computes it (topk_softmax router), the routed experts forced onto each
-    path in turn, against the float64 block routed by the same low-precision logits. Paths the experts
-    sweep dropped below a token count are not timed above it here either."""
+    """The block as model.moe.moe_block composes it (topk_softmax router), the routed experts forced onto each
+    path in turn, then every fused block path of model.moe.MOE_BLOCK_PATHS that takes the token count, against
+    the float64 block routed by the same low-precision logits. Expert paths the experts sweep dropped below a
+    token count are not timed above it here either."""
     w = w or moe_weights(d, s.dtype, s.device)
     route = ROUTERS["topk_softmax"]
     rows = [] if rows is None else rows
@@ -140,7 +143,28 @@ def sweep_moe_block(d: MoEDims, tokens_list, s: Settings, ceilings: Ceilings, pr
 
             rows.append(measure(m, block, lambda out=out: out.fill_(float("nan")),
                                 lambda out=out: (check_error(out, ref, scale), ""), s))
+        for name in _fused_block_candidates(tokens, s, paths_at):
+            m = Measurement("moe_block", tokens, name, "error", floor=floor, bound=_tolerance("block", s),
+                            extra={"distinct_experts": distinct})
+            result: dict[str, torch.Tensor] = {}  # the latest call's output (a graph's, once captured)
+
+            def fused(fn=MOE_BLOCK_PATHS[name].fn, result=result):
+                result["out"] = fn(x, w, MoEConfig(), "topk_softmax")  # its own router: the argument is unused
+
+            def poison(result=result):
+                if result:
+                    result["out"].fill_(float("nan"))
+
+            rows.append(measure(m, fused, poison, lambda result=result: (check_error(result["out"], ref, scale), ""),
+                                s))
     return rows
+
+
+def _fused_block_candidates(tokens: int, s: Settings, paths_at: PathsAt | None) -> list[str]:
+    """The fused MoE block paths to time at `tokens` (the composed block is timed once per expert path above)."""
+    only = paths_at(tokens) if paths_at else None
+    return [name for name in fused_block_paths() if (only is None or name in only)
+            and MOE_BLOCK_PATHS[name].supports(tokens, s.dtype, s.device)]
 
 
 def sweep_moe_router(d: MoEDims, tokens_list, s: Settings, tick: Callable[[str], None], w: MoEWeights | None = None,

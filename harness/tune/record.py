@@ -17,6 +17,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
+from .block_rows import is_layer_row
 from .measure import Measurement
 
 __all__ = ["RecordedPoint", "RECORDED_BLOCKS", "new_timings", "append_run", "recorded_points", "keep_blocks",
@@ -46,7 +47,7 @@ def run_meta(run_id: int, date: str, command: str, sweeps: int, **more) -> dict:
 def _recordable(r: Measurement) -> bool:
     if r.status != "ok" or r.block not in RECORDED_BLOCKS:
         return False
-    return r.path == "layer" if r.block.startswith("gdn_layer") else True
+    return is_layer_row(r.block, r.path) if r.block.startswith("gdn_layer") else True
 
 
 def _entry(r: Measurement, run_id: int) -> dict:
@@ -67,7 +68,7 @@ def append_run(timings: dict, rows: list[Measurement], meta: dict) -> dict:
             continue
         point = points.setdefault((r.block, r.key, r.path), {"block": r.block, "key": r.key, "path": r.path,
                                                               "runs": []})
-        if r.path == "layer" and r.extra.get("rule"):
+        if r.extra.get("rule") and is_layer_row(r.block, r.path):
             point["rule"] = r.extra["rule"]
         point["runs"].append(_entry(r, meta["id"]))
     return {"method": timings.get("method", ""), "runs": [*timings.get("runs", []), meta],

@@ -5,6 +5,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .block_rows import is_layer_row
 from .measure import Measurement
 from .targets import Verdict
 
@@ -12,12 +13,12 @@ __all__ = ["Section", "format_rows", "layer_breakdown", "write_report", "verdict
 
 TITLES = {
     "moe_experts": "Routed experts (T tokens)",
-    "moe_block": "Whole MoE block: router + routed experts + shared expert (T tokens)",
+    "moe_block": "Whole MoE block: router + routed experts + shared expert, composed with each expert path, and each fused block path (T tokens)",
     "moe_router": "Router alone: top-k and softmax of the router logits, after the router GEMM (T tokens)",
     "gdn_prefill": "Gated delta rule, prefill (B=1, T tokens)",
     "gdn_decode": "Gated delta rule, one decode step (T=1, B sequences)",
     "gdn_layer_prefill": "GDN layer by stage, prefill (B=1, T tokens)",
-    "gdn_layer_decode": "GDN layer by stage, decode (T=1, B sequences)",
+    "gdn_layer_decode": "GDN layer by stage (`layer`: the staged layer whole), and each fused decode-layer path, decode (T=1, B sequences)",
     "triton_decode_configs": "triton_decode: every candidate block config (T tokens)",
     "triton_grouped_configs": "triton_grouped: every candidate block config (T tokens)",
 }
@@ -74,7 +75,8 @@ def layer_breakdown(rows: list[Measurement]) -> list[str]:
     out = []
     for block in ("gdn_layer_prefill", "gdn_layer_decode"):
         for key in sorted({r.key for r in rows if r.block == block}):
-            stages = {r.path: r for r in rows if r.block == block and r.key == key and r.status == "ok"}
+            stages = {r.path: r for r in rows if r.block == block and r.key == key and r.status == "ok"
+                      and (r.path == "layer" or not is_layer_row(block, r.path))}  # fused layers: no stages
             layer = stages.pop("layer", None)
             if not stages:
                 continue

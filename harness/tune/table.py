@@ -5,7 +5,9 @@ platform has graphs and the path captured (`prefer_graph`), else by their eager 
 from that point up to the next measured one (the first range starts at 1, the last is open); where the
 fastest path takes fewer tokens than that span (decode_fused serves T == 1 only), the rest of the span goes
 to the next fastest path that takes it. For the routed experts, the points where the whole block was timed
-rank by the block's time: what is fastest end to end is what serves. Adjacent ranges with one path merge.
+rank by the block's time: what is fastest end to end is what serves. The whole MoE block's path and the GDN
+decode layer's path are ranked from their rows too (harness/tune/block_rows.py). Adjacent ranges with one
+path merge.
 """
 from __future__ import annotations
 
@@ -14,21 +16,27 @@ from pathlib import Path
 
 from model.dispatch_table import BLOCKS, SCHEMA, load_dispatch_table
 from model.gdn import GDN_RULE_PATHS
-from model.moe import EXPERT_PATHS
+from model.moe import EXPERT_PATHS, MOE_BLOCK_PATHS
 
+from .block_rows import block_choice
 from .measure import Measurement
 from .record import keep_blocks
 
 __all__ = ["ranked", "winners", "build_table", "write_table"]
 
 
-def ranked(rows: list[Measurement], block: str, prefer_graph: bool) -> dict[int, list[dict]]:
-    """point -> the correct paths measured there, fastest first: [{"path", "us", "mode"}, ...]."""
+def ranked(rows: list[Measurement], block: str, prefer_graph: bool, row_block: str | None = None) -> dict[int, list[dict]]:
+    """point -> the correct choices of dispatch block `block` measured there, fastest first:
+    [{"path", "us", "mode"}, ...], from the rows of `row_block` (default: the block itself), each named by the
+    choice it stands for (harness/tune/block_rows.py)."""
     out: dict[int, list[tuple[float, str, str]]] = {}
     for r in rows:
-        best = r.best(prefer_graph) if r.block == block else None
+        if r.block != (row_block or block):
+            continue
+        choice = block_choice(block, r.block, r.path)
+        best = r.best(prefer_graph) if choice else None
         if best:
-            out.setdefault(r.key, []).append((best[0], r.path, best[1]))
+            out.setdefault(r.key, []).append((best[0], choice, best[1]))
     return {k: [{"path": p, "us": round(us, 2), "mode": mode} for us, p, mode in sorted(v)] for k, v in out.items()}
 
 
@@ -38,8 +46,8 @@ def winners(rows: list[Measurement], block: str, prefer_graph: bool) -> dict[int
 
 
 def _token_limit(block: str, path: str) -> int | None:
-    """The most tokens (per call) a path takes; the decode block counts sequences, which no path limits."""
-    registry = EXPERT_PATHS if block == "moe_experts" else GDN_RULE_PATHS if block == "gdn_prefill" else None
+    """The most tokens (per call) a path takes; the decode blocks count sequences, which no path limits."""
+    registry = {"moe_experts": EXPERT_PATHS, "moe_block": MOE_BLOCK_PATHS, "gdn_prefill": GDN_RULE_PATHS}.get(block)
     return registry[path].max_tokens if registry and path in registry else None
 
 
@@ -81,8 +89,8 @@ def build_table(rows: list[Measurement], device: str, dtype: str, prefer_graph: 
     blocks = {}
     for block in BLOCKS:
         points = {k: (v, block) for k, v in ranked(rows, block, prefer_graph).items()}
-        if block == "moe_experts":
-            points.update({k: (v, "moe_block") for k, v in ranked(rows, "moe_block", prefer_graph).items()})
+        if block == "moe_experts":  # where the whole block was timed, its time ranks the experts
+            points.update({k: (v, "moe_block") for k, v in ranked(rows, block, prefer_graph, "moe_block").items()})
         if points:
             blocks[block] = {"keyed_by": BLOCKS[block], "recorded": recorded.get("date"), "ranges": _ranges(block, points)}
     table = {"schema": SCHEMA, "device": device, "dtype": dtype,

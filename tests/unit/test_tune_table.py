@@ -73,3 +73,28 @@ def test_targets_say_met_or_missed_by_how_much():
     assert "MISSED by 10.0 us (1.50x)" in lines["MoE experts T=2, graph, 2x floor"]
     assert lines["MoE experts T=1, graph"].endswith("not measured"), "its block ran, that point did not"
     assert "GDN prefill T=16384, graph" not in lines, "a block this run did not measure is not judged"
+
+
+def test_whole_block_paths_rank_beside_the_composed_block_and_stay_out_of_the_expert_ranges():
+    # moe_block rows named by an expert path are the composed block with it; the fused block takes <= 64 tokens.
+    rows = [row("moe_experts", 1, "tiny_bmm", 50), row("moe_experts", 1, "triton_decode", 40),
+            row("moe_block", 1, "triton_decode", 400), row("moe_block", 1, "tiny_bmm", 450),
+            row("moe_block", 1, "triton_fused_block", 100),
+            row("moe_block", 4096, "sorted", 900)]
+    table = build_table(rows, "dev", "bfloat16", prefer_graph=False, recorded={})
+    assert spans(table, "moe_block") == [(1, 64, "triton_fused_block"), (65, None, "composed")]
+    experts = spans(table, "moe_experts")
+    assert experts[0] == (1, 256, "triton_decode")  # ranked by the composed block's time; the fused row is no expert
+    assert "triton_fused_block" not in {path for _, _, path in experts}
+
+
+def test_the_gdn_decode_layer_ranks_whole_layers_only():
+    rows = [row("gdn_layer_decode", 1, "layer", 600), row("gdn_layer_decode", 1, "triton", 90),
+            row("gdn_layer_decode", 1, "out_proj", 20),  # one stage of the staged layer: never a choice
+            row("gdn_layer_decode", 256, "layer", 300), row("gdn_layer_decode", 256, "triton", 400)]
+    table = build_table(rows, "dev", "bfloat16", prefer_graph=False, recorded={})
+    assert spans(table, "gdn_layer_decode") == [(1, 255, "triton"), (256, None, "staged")]
+    assert table["blocks"]["gdn_layer_decode"]["keyed_by"] == "batch"
+    verdicts = {v.target: v for v in judge_targets(rows)}
+    eager = verdicts["GDN decode layer B=1, eager"]
+    assert (eager.measured_us, eager.path, eager.met) == (90, "triton", True)  # not the 20 us stage
