@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from model.dispatch_table import table_file_name
-from model.gdn import select_decode_layer_path, select_rule_path
+from model.gdn import select_rule_path, served_decode_layer
 from model.moe import select_block_path, select_expert_path
 from model.norm import compute_dtype
 from model.moe import ROUTERS
@@ -230,9 +230,9 @@ def _paths(model: Qwen36Model, batch: int, s: Settings) -> dict[str, str]:
             paths["router"] = mp.router
             paths["moe_experts"] = select_expert_path(batch, mp.moe, s.device, s.dtype)
     if "linear_attention" in cfg.layer_types:
-        served_by_table = mp.gdn_rule is None and mp.gdn_conv is None and mp.norm == "fused"  # as gdn_layer routes
-        paths["gdn_decode_layer"] = mp.gdn_decode_layer or (
-            select_decode_layer_path(batch, s.device, s.dtype) if served_by_table else "staged")
+        paths["gdn_decode_layer"] = served_decode_layer(
+            batch, s.device, s.dtype, rule=mp.gdn_rule, conv=mp.gdn_conv, norm=mp.norm,
+            decode_layer=mp.gdn_decode_layer) or "staged"
         if paths["gdn_decode_layer"] == "staged":
             paths["gdn_rule"] = mp.gdn_rule or select_rule_path(1, batch, s.device, s.dtype)
     if "full_attention" in cfg.layer_types:

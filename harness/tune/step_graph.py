@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from model.qwen36 import CapturableDecodeStep, Qwen36Cache, Qwen36Model
-from model.qwen36.static_step import StepSnapshot
+from model.qwen36.static_step import StepSnapshot, greedy_logits
 
 from .measure import Settings
 from .timing import L2Flusher, Timing, graphs_supported, time_eager, time_graph
@@ -62,16 +62,6 @@ class RestoringFlusher:
     def flush(self) -> None:
         self.step.restore(self.saved)
         self.flusher.flush()
-
-
-def _greedy_steps(run, ids: torch.Tensor) -> list[torch.Tensor]:
-    """CHECK_STEPS steps, each on the previous step's greedy tokens; the logits of each, cloned."""
-    out = []
-    for _ in range(CHECK_STEPS):
-        logits = run(ids).clone()
-        out.append(logits)
-        ids = logits[:, -1].argmax(-1, keepdim=True)
-    return out
 
 
 def _bit_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
@@ -125,16 +115,16 @@ def measure_static_step(model: Qwen36Model, cache: Qwen36Cache, ids: torch.Tenso
         return result
     tick(f"B={batch}: capture the step in a CUDA graph, {s.reps} timed replays")
     step.restore(saved)
-    eager = _greedy_steps(step.run, ids)
+    eager = greedy_logits(step.run, ids, CHECK_STEPS)
     step.restore(saved)
-    result.eager_reproducible = _bit_equal(eager, _greedy_steps(step.run, ids))
+    result.eager_reproducible = _bit_equal(eager, greedy_logits(step.run, ids, CHECK_STEPS))
     step.restore(saved)
     try:
         step.capture(warmup=max(s.warmup, 1))
     except Exception as exc:  # a host read or sync in a path this B runs: the reason goes to the report
         result.status, result.detail = "skipped", f"capture failed: {_why(exc)}"
         return result
-    replayed = _greedy_steps(step.replay, ids)
+    replayed = greedy_logits(step.replay, ids, CHECK_STEPS)
     result.replay_max_abs_diff = _max_abs_diff(eager, replayed)
     result.replay_equals_eager = _bit_equal(eager, replayed)
     step.restore(saved)

@@ -16,7 +16,25 @@ from .decode_layer import run_decode_layer, select_decode_layer_path
 from .staged import gdn_gating, select_conv_path, select_rule_path, staged_layer
 from .weights import GDNState, GDNWeights
 
-__all__ = ["GDNWeights", "GDNState", "gdn_gating", "gdn_layer", "select_rule_path", "select_conv_path"]
+__all__ = ["GDNWeights", "GDNState", "gdn_gating", "gdn_layer", "select_rule_path", "select_conv_path",
+           "served_decode_layer"]
+
+
+def served_decode_layer(
+    batch: int,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    *,
+    rule: str | None = None,
+    conv: str | None = None,
+    norm: str = "fused",
+    decode_layer: str | None = None,
+) -> str | None:
+    """The whole-layer path (GDN_DECODE_LAYER_PATHS) a one-token gdn_layer call runs with these arguments, or
+    None when a forced rule, conv or norm path keeps it on the staged blocks with those paths."""
+    if rule is not None or conv is not None or norm != "fused":
+        return None
+    return decode_layer or select_decode_layer_path(batch, device, dtype)
 
 
 def gdn_layer(
@@ -43,9 +61,10 @@ def gdn_layer(
     batch, tokens, _ = x.shape
     if state is None:
         state = GDNState.zeros(batch, w.dims, x.dtype, x.device)
-    if tokens == 1 and rule is None and conv is None and norm == "fused":
+    name = served_decode_layer(batch, x.device, x.dtype, rule=rule, conv=conv, norm=norm,
+                               decode_layer=decode_layer) if tokens == 1 else None
+    if name is not None:
         out_state = state if in_place else state.empty_like()
-        name = decode_layer or select_decode_layer_path(batch, x.device, x.dtype)
         return run_decode_layer(name, x, w, state, out_state), out_state
     if decode_layer is not None:
         raise ValueError(

@@ -9,6 +9,7 @@ without reading the device.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -16,7 +17,7 @@ from ..attention import StaticKVCache
 from .model import Qwen36Cache, Qwen36Model
 from .static_cache import StaticDecodeCache
 
-__all__ = ["CapturableDecodeStep", "StepSnapshot"]
+__all__ = ["CapturableDecodeStep", "StepSnapshot", "greedy_logits"]
 
 
 @dataclass(frozen=True)
@@ -104,3 +105,14 @@ class CapturableDecodeStep:
             self.ids.copy_(ids)
         self.graph.replay()
         return self.graph_logits
+
+
+def greedy_logits(run: Callable[[torch.Tensor], torch.Tensor], ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """`steps` decode steps by `run` (a step's eager run or its replay), each on the previous step's greedy
+    tokens: the logits of each, cloned (a replay overwrites its output buffer)."""
+    out = []
+    for _ in range(steps):
+        logits = run(ids).clone()
+        out.append(logits)
+        ids = logits[:, -1].argmax(-1, keepdim=True)
+    return out

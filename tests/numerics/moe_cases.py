@@ -19,6 +19,16 @@ from model.moe.experts import ExpertPath, experts_magnitude, experts_reference
 from model.paths import ComputePath
 from tests.numerics.compare import poisoned_like, relative_error
 
+# Dispatcher knobs the CPU can run (no Triton, no CUDA-only path): for properties of the whole block.
+MOE_CONFIGS = st.builds(
+    MoEConfig,
+    native=st.booleans(),
+    decode_native=st.booleans(),
+    tiny_impl=st.sampled_from(["tokenwise", "bmm"]),
+    tiny_max=st.integers(0, 16),
+    prefill_impl=st.sampled_from(["sorted", "grouped_mm"]),
+)
+
 # Routing patterns, as router-logit recipes (see `make_router_logits`).
 ROUTING_PATTERNS = ("random", "skewed", "one_expert", "empty_experts", "ties")
 # The patterns a whole block can be given through its router weights (see `make_block_weights`).

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ import torch
 from model.gdn import GDN_DECODE_LAYER_PATHS, GDNDims
 from model.tolerances import GDN_DECODE_LAYER, GDN_DECODE_LAYER_STATE
 from tests.numerics.test_gdn_decode_layer import DecodeCase, check_decode_layer_path, decode_inputs, decode_layer_errors
+from tests.numerics.gpu_timing import eager_wall_us
 
 pytestmark = pytest.mark.gpu
 
@@ -78,15 +78,7 @@ def test_record_eager_time_per_call(batch):
     x, w, state = decode_inputs(DecodeCase("real", batch, "bfloat16", 1), CUDA, dims=REAL)
     for name in ("staged", "triton"):
         fn = GDN_DECODE_LAYER_PATHS[name].fn
-        for _ in range(20):
-            fn(x, w, state, state)
-        torch.cuda.synchronize()
-        calls = 200
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn(x, w, state, state)
-        torch.cuda.synchronize()
-        us = (time.perf_counter() - start) / calls * 1e6
+        us = eager_wall_us(lambda fn=fn: fn(x, w, state, state), calls=200, warmup=20)
         REPORT["us_per_call"][f"B{batch}/{name}"] = round(us, 2)
         print(f"GDN decode layer B={batch} {name}: {us:.1f} us per eager call")
 

@@ -9,22 +9,12 @@ from hypothesis import strategies as st
 from model.moe import MoEConfig, moe_block, moe_block_reference
 from model import tolerances
 from tests.numerics.compare import assert_close, cpu_supports
-from tests.numerics.moe_cases import MoECase, block_reference, make_hidden, make_moe_weights, moe_cases
+from tests.numerics.moe_cases import MOE_CONFIGS, MoECase, block_reference, make_hidden, make_moe_weights, moe_cases
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16] + ([torch.float16] if cpu_supports(torch.float16) else [])
 
-configs = st.builds(
-    MoEConfig,
-    native=st.booleans(),
-    decode_native=st.booleans(),
-    tiny_impl=st.sampled_from(["tokenwise", "bmm"]),
-    tiny_max=st.integers(0, 16),
-    prefill_impl=st.sampled_from(["sorted", "grouped_mm"]),
-)
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
-@given(case=moe_cases(tokens=st.integers(1, 40)), config=configs, router=st.sampled_from(["reference", "topk_softmax"]))
+@given(case=moe_cases(tokens=st.integers(1, 40)), config=MOE_CONFIGS, router=st.sampled_from(["reference", "topk_softmax"]))
 def test_moe_block_equals_float64_block(dtype, case, config, router):
     if dtype == torch.float64 and config.native and config.prefill_impl == "grouped_mm":
         config = MoEConfig(tiny_impl=config.tiny_impl, tiny_max=config.tiny_max)  # no float64 grouped GEMM

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import time
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from hypothesis import strategies as st
 from model import tolerances
 from model.moe import MOE_BLOCK_PATHS, MoEConfig, moe_block
 from tests.numerics.compare import assert_close
+from tests.numerics.gpu_timing import eager_wall_us
 from tests.numerics.moe_cases import (
     BLOCK_ROUTING_PATTERNS, MoECase, block_path_error, block_reference, check_block_path, make_block_weights,
     make_hidden, moe_cases,
@@ -145,18 +145,6 @@ def test_fused_block_is_four_kernels(tokens):
     assert sum("_down_weighted_sum_kernel" in k for k in kernels) == 1, kernels
 
 
-def _eager_us(fn, calls=200) -> float:
-    """Host wall time per call of back-to-back eager calls: what an eager decode step pays, launches included."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e6
-
-
 def _graph_us(graph, reps=200) -> float:
     samples = []
     for _ in range(reps):
@@ -177,7 +165,7 @@ def test_fused_block_times_at_decode_sizes():
     for tokens in (1, 2, 8, 16, 64):
         w, x = _real_block(tokens)
         for name in (FUSED, "composed"):
-            times[f"{name}/T{tokens}/eager"] = round(_eager_us(lambda name=name: _call(x, w, name)), 2)
+            times[f"{name}/T{tokens}/eager"] = round(eager_wall_us(lambda name=name: _call(x, w, name)), 2)
             try:  # the composed block captures only where its table's expert path does
                 graph, _ = _captured(lambda name=name: _call(x, w, name))
             except RuntimeError as exc:

@@ -24,7 +24,7 @@ from model.moe import (
 from model.paths import ComputePath
 from tests.numerics.compare import cpu_supports
 from tests.numerics.moe_cases import (
-    BLOCK_ROUTING_PATTERNS, MoECase, check_block_path, make_block_weights, make_hidden, moe_cases,
+    BLOCK_ROUTING_PATTERNS, MOE_CONFIGS, MoECase, check_block_path, make_block_weights, make_hidden, moe_cases,
 )
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16] + ([torch.float16] if cpu_supports(torch.float16) else [])
@@ -38,14 +38,6 @@ EDGE_CASES = (
 )
 BLOCK_CASES = moe_cases(tokens=st.integers(1, 80), experts=st.integers(1, 32), shared_intermediate=st.integers(1, 48),
                         patterns=st.sampled_from(BLOCK_ROUTING_PATTERNS))
-CONFIGS = st.builds(
-    MoEConfig,
-    native=st.booleans(),
-    decode_native=st.booleans(),
-    tiny_impl=st.sampled_from(["tokenwise", "bmm"]),
-    tiny_max=st.integers(0, 16),
-    prefill_impl=st.sampled_from(["sorted", "grouped_mm"]),
-)
 
 
 def _dtype_id(dtype: torch.dtype) -> str:
@@ -91,7 +83,7 @@ def _block_before_the_table(x, w, config, router):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_dtype_id)
-@given(case=BLOCK_CASES, config=CONFIGS, router=st.sampled_from(["reference", "topk_softmax"]))
+@given(case=BLOCK_CASES, config=MOE_CONFIGS, router=st.sampled_from(["reference", "topk_softmax"]))
 def test_moe_block_without_a_table_is_composed_bit_for_bit(dtype, case, config, router):
     w = make_block_weights(case, dtype)
     x = make_hidden(case, dtype)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import time
 
 import pytest
 import torch
@@ -24,6 +23,7 @@ from tests.numerics.moe_cases import (
     ROUTING_PATTERNS, MoECase, block_reference, check_expert_path, expert_path_error, make_hidden, make_moe_weights,
     make_routing, moe_cases,
 )
+from tests.numerics.gpu_timing import eager_wall_us
 from tests.numerics.test_moe_router import (
     LOGIT_KINDS, RouterCase, check_router, make_logits, router_logit_cases, run_router_property,
 )
@@ -263,18 +263,6 @@ def test_triton_fused_router_replays_in_a_cuda_graph_on_new_logits():
         assert torch.equal(ids, want_ids) and torch.equal(weights, want_w), f"replay differs on {kind} logits"
 
 
-def _wall_us_per_call(fn, calls=200) -> float:
-    """Host wall time per call of back-to-back eager calls: what an eager decode step pays, launches included."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e6
-
-
 def test_router_timings_at_real_dims_are_recorded():
     """Not a gate: each router's time per call on the GPU (bf16 logits), eager wall time (launch-bound at
     decode sizes) and the CUDA-event median, for the lead's choice."""
@@ -285,6 +273,6 @@ def test_router_timings_at_real_dims_are_recorded():
         for name in ("topk_softmax", "triton_fused"):
             def call(route=ROUTERS[name]):
                 return route(logits, REAL["top_k"])
-            REPORT["timings_ms"][f"router/{name}/T{tokens}/eager_wall"] = round(_wall_us_per_call(call) / 1e3, 5)
+            REPORT["timings_ms"][f"router/{name}/T{tokens}/eager_wall"] = round(eager_wall_us(call) / 1e3, 5)
             REPORT["timings_ms"][f"router/{name}/T{tokens}/events"] = round(_time_ms(call), 5)
     print({k: v for k, v in REPORT["timings_ms"].items() if k.startswith("router/")})

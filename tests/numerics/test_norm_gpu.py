@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 import torch
@@ -23,6 +22,7 @@ from model.paths import LOW_PRECISION
 from model.tolerances import NORM_PATHS
 from tests.numerics.compare import assert_close
 from tests.numerics.test_norm import EPS, check_norm_path
+from tests.numerics.gpu_timing import eager_wall_us
 
 pytestmark = pytest.mark.gpu
 
@@ -105,15 +105,7 @@ def test_record_eager_time_per_call(kind, shape_name, rows):
     """Not a gate (timings on a shared machine): the eager per-call time of each path, for the report."""
     x, w, z = _real_inputs(kind, shape_name, rows, seed=1)
     for name in ("fused", "triton"):
-        for _ in range(20):
-            _call(kind, name, x, w, z)
-        torch.cuda.synchronize()
-        calls = 500
-        start = time.perf_counter()
-        for _ in range(calls):
-            _call(kind, name, x, w, z)
-        torch.cuda.synchronize()
-        us = (time.perf_counter() - start) / calls * 1e6
+        us = eager_wall_us(lambda name=name: _call(kind, name, x, w, z), calls=500, warmup=20)
         REPORT["us_per_call"][f"{shape_name}/rows{rows}/{name}"] = round(us, 2)
         print(f"{shape_name} rows={rows} {name}: {us:.1f} us per eager call")
 

@@ -19,6 +19,7 @@ from harness.tune.timing import L2Flusher
 from model.dispatch_table import TABLE_ENV
 from model.moe import MoEConfig, select_expert_path
 from model.qwen36 import CapturableDecodeStep, Qwen36Config, Qwen36Model, Qwen36Paths
+from model.qwen36.static_step import greedy_logits
 
 pytestmark = pytest.mark.gpu
 DEVICE = torch.device("cuda")
@@ -38,21 +39,12 @@ def prefilled_step(model: Qwen36Model, batch: int) -> tuple[CapturableDecodeStep
     return CapturableDecodeStep.from_prefill(model, cache, PREFILL + STEPS + 2), logits[:, -1:].argmax(-1)
 
 
-def greedy(run, ids: torch.Tensor) -> list[torch.Tensor]:
-    out = []
-    for _ in range(STEPS):
-        logits = run(ids).clone()
-        out.append(logits)
-        ids = logits[:, -1].argmax(-1, keepdim=True)
-    return out
-
-
 def check_replay(model: Qwen36Model, batch: int) -> None:
     """Capture the step; replays must equal eager static steps bit for bit. A refused capture passes only where
     the MoE expert path the dispatch serves reads the device on the host, and must leave the cache as it was."""
     step, first = prefilled_step(model, batch)
     saved = step.snapshot()
-    eager = greedy(step.run, first)
+    eager = greedy_logits(step.run, first, STEPS)
     step.restore(saved)
     try:
         step.capture()
@@ -63,7 +55,7 @@ def check_replay(model: Qwen36Model, batch: int) -> None:
         assert after.position == saved.position
         assert all(torch.equal(a, b) for a, b in zip(saved.buffers, after.buffers)), "a refused capture moved the cache"
         return
-    replayed = greedy(step.replay, first)
+    replayed = greedy_logits(step.replay, first, STEPS)
     for i, (e, r) in enumerate(zip(eager, replayed)):
         assert torch.equal(e, r), f"B={batch}, step {i}: replay differs by {(e - r).abs().max().item()}"
     assert int(step.cache.length) == PREFILL + STEPS
