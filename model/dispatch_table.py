@@ -64,8 +64,11 @@ CHECKOUT_TABLE_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "disp
 #   gdn_prefill       a gated-delta-rule path for T > 1 (model.gdn.GDN_RULE_PATHS)
 #   gdn_decode        a gated-delta-rule path for one token, wherever the GDN decode layer runs `staged`
 #   gdn_layer_decode  the whole GDN layer's decode path (model.gdn.GDN_DECODE_LAYER_PATHS): `staged` or fused
+#   gdn_conv          the staged GDN layer's causal conv1d path (model.gdn.CONV_PATHS), by tokens per sequence
+#   gdn_gated_norm    the staged GDN layer's gated RMSNorm path (model.norm.GATED_NORM_PATHS), by rows: the
+#                     tokens of all sequences of the call (B * T)
 BLOCKS = {"moe_experts": "tokens", "moe_block": "tokens", "gdn_prefill": "tokens", "gdn_decode": "batch",
-          "gdn_layer_decode": "batch"}
+          "gdn_layer_decode": "batch", "gdn_conv": "tokens", "gdn_gated_norm": "tokens"}
 
 
 class DispatchTableError(ValueError):

@@ -21,12 +21,7 @@ import torch.nn.functional as F
 from . import triton_support
 from .paths import LOW_PRECISION, ComputePath, PathTable, compute_dtype
 
-try:
-    from . import norm_triton
-except ImportError as exc:  # a torch build or platform without Triton: the triton paths say so and never run
-    if exc.name != "triton":
-        raise
-    norm_triton = None
+norm_triton = triton_support.import_if_triton(".norm_triton", __package__)  # None without Triton
 
 __all__ = [
     "NormPath",

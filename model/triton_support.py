@@ -6,6 +6,8 @@ then runs on CPU tensors only.
 """
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 try:
@@ -13,7 +15,19 @@ try:
 except ImportError:  # a torch build or platform without Triton
     triton = None
 
-__all__ = ["defined_interpreted", "last_dim_contiguous", "triton", "unavailable_reason"]
+__all__ = ["defined_interpreted", "import_if_triton", "last_dim_contiguous", "triton", "unavailable_reason"]
+
+
+def import_if_triton(module: str, package: str):
+    """The kernel module `module` (relative to `package`), or None where it fails to import only because Triton
+    is not installed: a torch build or platform without Triton, whose Triton paths then say so and never run.
+    Any other import error is raised."""
+    try:
+        return importlib.import_module(module, package)
+    except ImportError as exc:
+        if exc.name != "triton":
+            raise
+        return None
 
 
 def defined_interpreted(kernel) -> bool:

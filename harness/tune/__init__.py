@@ -3,7 +3,8 @@ output against the float64 reference, and write the device's dispatch table plus
 
 Modules, one job each: dims (the shapes timed), ceilings (bandwidth and matrix rate per device), floors
 (bytes and FLOPs per call), timing (CUDA events, L2 flush, graph capture), inputs (seeded random tensors),
-measure (one path at one point: timed, checked), moe / gdn / gdn_layer (the sweeps), table (fastest correct
+measure (one path at one point: timed, checked), moe / gdn / gdn_stages / gdn_layer (the sweeps; gdn_stages:
+the staged GDN layer's conv and gated norm), table (fastest correct
 path per range -> the dispatch file), report (console, JSON, Markdown), progress, cli. With --sweep-configs:
 config_space (the Triton kernels' candidate block configs), precompile (compiling them in parallel),
 config_sweep (timing them), config_choice (fastest correct per T, the table to paste).

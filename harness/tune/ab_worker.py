@@ -16,8 +16,9 @@ or {"fatal": "model" | "incompatible", "message"} and exits 2. Then, per request
     {"op": "measure", "point": {"block", "key", "path"}}
                                             -> {"rows": [...]}    (one sweep of that point: Measurement rows)
     {"op": "quit"} or end of input          -> exits 0
-Point blocks: moe_experts, gdn_prefill, gdn_decode (the table's path there), moe_block (path: as served
-here), gdn_layer_decode / gdn_layer_prefill (the whole layer, its rule as served here).
+Point blocks: moe_experts, gdn_prefill, gdn_decode, gdn_conv, gdn_gated_norm (the table's path there),
+moe_block (path: as served here), gdn_layer_decode / gdn_layer_prefill (the whole layer, its paths as served
+here).
 """
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ __all__ = ["main", "load_model", "ModelRootError", "WorkerProcess", "WorkerDied"
 
 LAYER_BLOCKS = ("gdn_layer_decode", "gdn_layer_prefill")
 # What this harness imports from `model` to time a point (missing in a reference: it is too old or too new).
-TIMING_MODULES = ("harness.tune.moe", "harness.tune.gdn", "harness.tune.gdn_layer", "harness.tune.inputs",
-                  "harness.tune.dims", "harness.tune.measure", "harness.tune.timing")
+TIMING_MODULES = ("harness.tune.moe", "harness.tune.gdn", "harness.tune.gdn_layer", "harness.tune.gdn_stages",
+                  "harness.tune.inputs", "harness.tune.dims", "harness.tune.measure", "harness.tune.timing")
 
 
 class ModelRootError(RuntimeError):
@@ -97,13 +98,15 @@ def _point_timer(a) -> Callable[[dict], list[dict]]:
 
     for name in TIMING_MODULES:
         importlib.import_module(name)  # ImportError: this reference's model lacks what the harness needs
-    from model.gdn import GDN_RULE_PATHS, select_rule_path
+    from model.gdn import CONV_PATHS, GDN_RULE_PATHS, select_rule_path
     from model.moe import EXPERT_PATHS, MoEConfig, select_expert_path
+    from model.norm import GATED_NORM_PATHS
 
     from . import dims as D
     from .ceilings import ceilings_for
     from .gdn import sweep_gdn
     from .gdn_layer import time_gdn_layer
+    from .gdn_stages import sweep_gated_norm, sweep_gdn_conv
     from .inputs import moe_weights
     from .measure import Settings
     from .moe import sweep_moe_block, sweep_moe_experts
@@ -150,6 +153,13 @@ def _point_timer(a) -> Callable[[dict], list[dict]]:
                 return [_missing(block, key, path, why)]
             prefill, decode = ([key], []) if block == "gdn_prefill" else ([], [key])
             sweep_gdn(dims.gdn, prefill, decode, s, ceilings, never, quiet, rows, paths_at=lambda b, k: {path})
+        elif block in ("gdn_conv", "gdn_gated_norm"):
+            registry, sweep = (CONV_PATHS, sweep_gdn_conv) if block == "gdn_conv" else \
+                (GATED_NORM_PATHS, sweep_gated_norm)
+            why = why_not(registry, path, key)
+            if why:
+                return [_missing(block, key, path, why)]
+            sweep(dims.gdn, [key], s, ceilings, quiet, rows, paths_at=lambda b, k: {path})
         elif block in LAYER_BLOCKS:
             batch, tokens = (key, 1) if block == "gdn_layer_decode" else (1, key)
             time_gdn_layer(dims.gdn, s, lambda b, t: select_rule_path(t, b, device, dtype), quiet, [(batch, tokens)],

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from model.dispatch_table import TABLE_ENV, clear_table_cache
-from model.gdn import select_decode_layer_path, select_rule_path
+from model.gdn import select_conv_path, select_decode_layer_path, select_gated_norm_path, select_rule_path
 from model.moe import MoEConfig, select_block_path, select_expert_path
 
 from . import dims as D
@@ -30,6 +30,7 @@ from .check_plan import CheckPlan, layer_paths_to_time, plan_check, ranking_bloc
 from .gate import FLOORS, MIN_SWEEPS, PointVerdict, StaleVerdict, judge_point, judge_stale
 from .gdn import sweep_gdn
 from .gdn_layer import time_gdn_layer
+from .gdn_stages import sweep_gated_norm, sweep_gdn_conv
 from .inject import InjectError, injected_delays, parse_injections
 from .measure import Measurement, Settings
 from .moe import sweep_moe_block, sweep_moe_experts
@@ -44,6 +45,8 @@ __all__ = ["run_check"]
 
 # The dispatch blocks that choose a whole block's path (harness/tune/block_rows.py).
 WHOLE_BLOCKS = ("moe_block", "gdn_layer_decode")
+# The dispatch blocks timed path by path at their own points (the full check times the others beside the choice).
+PATH_BLOCKS = ("moe_experts", "gdn_prefill", "gdn_decode", "gdn_conv", "gdn_gated_norm")
 
 def _refuse(message: str) -> int:
     print(f"qwen36 tune --check: {message}", file=sys.stderr)
@@ -126,12 +129,18 @@ def _measure(plan: CheckPlan, dims: D.TuneDims, s: Settings, a, ceilings) -> lis
     rows: list[Measurement] = []
     progress = Progress(a.sweeps * plan.points(), enabled=not a.no_progress)
     never = Pruner(float("inf"), True)
+    gdn_paths_at = lambda block, key: getattr(plan, block).get(key)  # noqa: E731  (the GDN sweeps' filter)
     try:
         warm_device(s.device)
         for _ in range(a.sweeps):  # whole passes: a point's sweeps are minutes apart, not back to back
             if plan.gdn_prefill or plan.gdn_decode:
                 sweep_gdn(dims.gdn, sorted(plan.gdn_prefill), sorted(plan.gdn_decode), s, ceilings, never,
-                          progress.tick, rows, paths_at=lambda block, key: getattr(plan, block).get(key))
+                          progress.tick, rows, paths_at=gdn_paths_at)
+            if plan.gdn_conv:
+                sweep_gdn_conv(dims.gdn, sorted(plan.gdn_conv), s, ceilings, progress.tick, rows, gdn_paths_at)
+            if plan.gdn_gated_norm:
+                sweep_gated_norm(dims.gdn, sorted(plan.gdn_gated_norm), s, ceilings, progress.tick, rows,
+                                 gdn_paths_at)
             if plan.layer_points:
                 time_gdn_layer(dims.gdn, s, lambda b, t: select_rule_path(t, b, s.device, s.dtype), progress.tick,
                                plan.layer_points, rows,
@@ -154,6 +163,10 @@ def _served(block: str, key: int, device, dtype) -> str:
         return select_block_path(key, device, dtype)
     if block == "gdn_layer_decode":
         return select_decode_layer_path(key, device, dtype)
+    if block == "gdn_conv":
+        return select_conv_path(key, device, dtype)
+    if block == "gdn_gated_norm":
+        return select_gated_norm_path(key, device, dtype)
     return select_rule_path(1, key, device, dtype) if block == "gdn_decode" else select_rule_path(key, 1, device, dtype)
 
 
@@ -201,7 +214,7 @@ def _judge(plan: CheckPlan, merged: list[Measurement], recorded: dict[tuple, Rec
     for r in merged:
         if r.status != "ok":
             continue
-        if r.block in ("moe_experts", "gdn_prefill", "gdn_decode") and plan.dispatched.get((r.block, r.key)) != r.path:
+        if r.block in PATH_BLOCKS and plan.dispatched.get((r.block, r.key)) != r.path:
             continue  # the full check's other paths: judged for staleness below
         if r.block in WHOLE_BLOCKS and block_choice(r.block, r.block, r.path) not in (
                 None, _table_choice(plan, r.block, r.key)):
@@ -240,7 +253,7 @@ def _judge_stale(plan: CheckPlan, merged, raw, verdicts, failures) -> None:
     for r in merged:
         if r.status == "ok":
             by_point.setdefault((r.block, r.key), {})[r.path] = r
-    points = dict(plan.dispatched)
+    points = {**plan.by_default, **plan.dispatched}  # a stage block the table lacks: its default is the choice
     for r in merged:  # whole-block points a table recorded before the block was dispatched serves by default
         if r.block in WHOLE_BLOCKS and block_choice(r.block, r.block, r.path):
             points.setdefault((r.block, r.key), _table_choice(plan, r.block, r.key))

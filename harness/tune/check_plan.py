@@ -1,15 +1,21 @@
 """What the GPU perf gate times, read from a device's dispatch table: every point where the table dispatches a
 path (the path it names there), the whole MoE block and the GDN layer at their recorded points, and, for the
-full check, every path at every dispatch point. Numbers only; nothing here needs a device."""
+full check, every path at every dispatch point, and every conv and gated-norm path at the GDN points of a table
+recorded before those two blocks were dispatched. Numbers only; nothing here needs a device."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from model.gdn import select_conv_path, select_gated_norm_path
 
 from .record import RecordedPoint
 
 __all__ = ["CheckPlan", "layer_paths_to_time", "plan_check", "ranking_block"]
 
 MOE_BLOCK, LAYER_BLOCKS = "moe_block", ("gdn_layer_decode", "gdn_layer_prefill")
+# The staged GDN layer's dispatched stages, and the path each serves where a table has no entry (no device given:
+# the model's default).
+STAGE_DEFAULTS = {"gdn_conv": select_conv_path, "gdn_gated_norm": select_gated_norm_path}
 
 
 @dataclass
@@ -20,12 +26,16 @@ class CheckPlan:
     gdn_prefill: dict[int, set[str] | None] = field(default_factory=dict)
     gdn_decode: dict[int, set[str] | None] = field(default_factory=dict)
     gdn_layer_decode: dict[int, set[str] | None] = field(default_factory=dict)  # batch -> decode-layer paths
+    gdn_conv: dict[int, set[str] | None] = field(default_factory=dict)  # tokens -> conv paths
+    gdn_gated_norm: dict[int, set[str] | None] = field(default_factory=dict)  # rows -> gated-norm paths
     layer_points: list[tuple[int, int]] = field(default_factory=list)  # (batch, tokens)
     dispatched: dict[tuple[str, int], str] = field(default_factory=dict)  # (block, key) -> the table's path
+    # Full check, a table without a stage block: (block, key) -> the path served there without an entry.
+    by_default: dict[tuple[str, int], str] = field(default_factory=dict)
 
     def points(self) -> int:
         return (len(self.moe_experts) + len(self.moe_block) + len(self.gdn_prefill) + len(self.gdn_decode)
-                + len(self.layer_points))
+                + len(self.gdn_conv) + len(self.gdn_gated_norm) + len(self.layer_points))
 
     def paths_at(self, block: str):
         """The sweeps' filter for `block`: key -> the names to time (None for every path)."""
@@ -64,7 +74,24 @@ def plan_check(raw_table: dict, recorded: dict[tuple[str, int, str], RecordedPoi
             if point not in plan.layer_points:
                 plan.layer_points.append(point)
     plan.layer_points.sort(key=lambda bt: (bt[1], bt[0]))
+    if full:
+        _add_undispatched_stages(plan, raw_table)
     return plan
+
+
+def _add_undispatched_stages(plan: CheckPlan, raw_table: dict) -> None:
+    """A table recorded before `gdn_conv` / `gdn_gated_norm` existed serves each stage's default: time every
+    path of the stage at the GDN points the table has (conv: one token and the prefill token counts; gated
+    norm: the prefill token counts and the decode batches, as rows), so the table is stale where another wins."""
+    prefill = {key for block, key in plan.dispatched if block == "gdn_prefill"}
+    decode = {key for block, key in plan.dispatched if block == "gdn_decode"}
+    wanted = {"gdn_conv": {1} | prefill if prefill else set(), "gdn_gated_norm": prefill | decode}
+    for block, keys in wanted.items():
+        if block in raw_table.get("blocks", {}):
+            continue
+        for key in sorted(keys):
+            getattr(plan, block)[key] = None
+            plan.by_default[(block, key)] = STAGE_DEFAULTS[block](key)
 
 
 def layer_paths_to_time(plan: CheckPlan, fused: list[str], full: bool) -> tuple[str, ...]:

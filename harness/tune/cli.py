@@ -11,19 +11,22 @@ from pathlib import Path
 import torch
 
 from model.dispatch_table import CHECKOUT_TABLE_DIR, table_file_name
+from model.gdn import select_conv_path, select_gated_norm_path, select_rule_path
 
 from . import dims as D
 from .ceilings import ceilings_for
 from .gdn import sweep_gdn, unavailable_rule_paths
 from .gdn_layer import LAYER_POINTS, time_gdn_layer
+from .gdn_stages import conv_points, norm_points, sweep_gated_norm, sweep_gdn_conv, unavailable_stage_paths
 from .measure import Settings
-from .moe import sweep_moe_block, sweep_moe_experts, sweep_moe_router, unavailable_expert_paths
+from .moe import (graphed_block_tokens, sweep_graphed_block, sweep_moe_block, sweep_moe_experts, sweep_moe_router,
+                  unavailable_expert_paths)
 from .progress import Progress
 from .prune import Pruner
 from .record import new_timings, run_meta
 from .report import format_rows, layer_breakdown, write_report
 from .sweeps import merge_sweeps
-from .table import build_table, winners, write_table
+from .table import build_table, write_table
 from .targets import judge_targets
 from .timing import L2Flusher, device_identity, graphs_supported, warm_device
 
@@ -61,10 +64,12 @@ def run(a) -> int:
     prefill = a.gdn_prefill_tokens or D.GDN_PREFILL_TOKENS
     decode = a.gdn_decode_batches or D.GDN_DECODE_BATCHES
     layer_points = () if a.no_layer else (LAYER_POINTS if real else TINY_LAYER_POINTS)
+    conv_tokens, norm_rows = conv_points(prefill), norm_points(prefill, decode)
     do_gdn, do_moe = a.target in ("all", "gdn"), a.target in ("all", "moe")
     sweeps = 1 if a.sweep_configs else a.sweeps  # a config sweep ranks configs, not paths: one pass
-    steps = sweeps * ((len(prefill) + len(decode) + len(layer_points)) * do_gdn
-                      + (len(moe_tokens) + 2 * len(block_tokens)) * do_moe)
+    graphed_tokens = graphed_block_tokens(block_tokens, device)
+    steps = sweeps * ((len(prefill) + len(decode) + len(conv_tokens) + len(norm_rows) + len(layer_points)) * do_gdn
+                      + (len(moe_tokens) + 2 * len(block_tokens) + len(graphed_tokens)) * do_moe)
     if a.sweep_configs:
         from . import config_sweep
 
@@ -140,16 +145,22 @@ def run(a) -> int:
         if do_gdn:
             notes.extend(f"GDN path {n} unavailable: {why}" for n, why in unavailable_rule_paths(s).items())
             notes.append("recurrent_reference (the float64 definition) is the check, not a candidate")
+            notes.extend(f"GDN {n} unavailable: {why}" for n, why in unavailable_stage_paths(s).items())
             for i in passes:
                 verdicts = phase(f"gdn rule sweep {i}/{sweeps}", lambda: sweep_gdn(
                     dims.gdn, prefill, decode, s, ceilings, gdn_pruner, progress.tick, rows))
+            for i in passes:
+                verdicts = phase(f"gdn conv and gated norm sweep {i}/{sweeps}", lambda: (
+                    sweep_gdn_conv(dims.gdn, conv_tokens, s, ceilings, progress.tick, rows),
+                    sweep_gated_norm(dims.gdn, norm_rows, s, ceilings, progress.tick, rows)))
             if layer_points:
-                merged = merge_sweeps(rows)
-                best = {"gdn_prefill": winners(merged, "gdn_prefill", prefer_graph),
-                        "gdn_decode": winners(merged, "gdn_decode", prefer_graph)}
+                # The layer runs what this run's table serves (its ranges, token limits included), else defaults.
+                planned = build_table(merge_sweeps(rows), name, meta["dtype"], prefer_graph, recorded)["blocks"]
                 for i in passes:
                     verdicts = phase(f"gdn layer {i}/{sweeps}", lambda: time_gdn_layer(
-                        dims.gdn, s, lambda b, t: _layer_rule(best, b, t), progress.tick, layer_points, rows))
+                        dims.gdn, s, lambda b, t: _layer_rule(planned, b, t), progress.tick, layer_points, rows,
+                        conv_for=lambda b, t: _planned(planned, "gdn_conv", t, select_conv_path(t)),
+                        norm_for=lambda b, t: _planned(planned, "gdn_gated_norm", b * t, select_gated_norm_path(b * t))))
         if a.sweep_configs:
             verdicts = phase("moe config sweep", lambda: config_sweep.sweep_configs(
                 dims.moe, moe_tokens, s, ceilings, config_pruners, progress.tick, rows, notes, a.compile_workers))
@@ -168,6 +179,9 @@ def run(a) -> int:
             for i in passes:  # the routers alone at the block's token counts; the dispatch table records none
                 verdicts = phase(f"moe router sweep {i}/{sweeps}", lambda: sweep_moe_router(
                     dims.moe, block_tokens, s, progress.tick, w, rows))
+            for i in passes:  # item 4 of the eager-decode work: a per-bucket graph's cost to an eager caller
+                verdicts = phase(f"moe block graphed sweep {i}/{sweeps}", lambda: sweep_graphed_block(
+                    dims.moe, graphed_tokens, s, ceilings, progress.tick, w, rows))
             del w
     finally:
         progress.close()
@@ -204,13 +218,18 @@ def _raise_terminated(signum, frame):
     raise Terminated(f"signal {signum}")
 
 
-def _layer_rule(best: dict, batch: int, tokens: int) -> str:
-    """The rule path the table picks for this layer call (nearest measured point at or below), else the default."""
+def _planned(blocks: dict, block: str, key: int, default: str) -> str:
+    """The path a table's `blocks` (build_table's) serve `block` at `key` with, else the block's default."""
+    for r in blocks.get(block, {}).get("ranges", ()):
+        if r["from"] <= key and (r["to"] is None or key <= r["to"]):
+            return r["path"]
+    return default
+
+
+def _layer_rule(blocks: dict, batch: int, tokens: int) -> str:
+    """The rule path the table serves this layer call with, else the default."""
     block, key = ("gdn_decode", batch) if tokens == 1 else ("gdn_prefill", tokens)
-    below = [k for k in best[block] if k <= key]
-    if below:
-        return best[block][max(below)]["path"]
-    return "decode_step" if tokens == 1 else "chunked"
+    return _planned(blocks, block, key, select_rule_path(tokens, batch))
 
 
 def _triton_version() -> str | None:

@@ -13,7 +13,8 @@ from model.qwen36 import Qwen36Config
 from .ceilings import Ceilings
 from .dims import MoEDims
 
-__all__ = ["Work", "Floor", "floor_of", "moe_experts_work", "moe_block_work", "gdn_rule_work", "moe_dims_of",
+__all__ = ["Work", "Floor", "floor_of", "moe_experts_work", "moe_block_work", "gdn_rule_work", "gdn_conv_work",
+           "gated_norm_work", "moe_dims_of",
            "expected_distinct_experts", "gdn_decode_bytes", "attention_decode_bytes", "rms_norm_bytes",
            "lm_head_bytes", "embed_bytes", "dense_mlp_bytes", "decode_step_bytes"]
 
@@ -66,6 +67,21 @@ def gdn_rule_work(batch: int, tokens: int, d: GDNDims, elem: int) -> Work:
     state = 2 * batch * d.num_v_heads * d.head_k_dim * d.head_v_dim * F32
     flops = 7.0 * batch * tokens * d.num_v_heads * d.head_k_dim * d.head_v_dim
     return Work(batch * tokens * per_token + state, flops)
+
+
+def gdn_conv_work(batch: int, tokens: int, d: GDNDims, elem: int) -> Work:
+    """The causal conv1d of the layer's q/k/v channels: x in and y out, the conv weight, the conv state in and the
+    new one out, all in the activation dtype; W multiply-adds per output and the SiLU (about 4 operations)."""
+    channels, taps = d.conv_dim, d.conv_kernel
+    moved = (2 * batch * tokens * channels + channels * taps + 2 * batch * channels * (taps - 1)) * elem
+    return Work(moved, batch * tokens * channels * (2.0 * taps + 4))
+
+
+def gated_norm_work(rows: int, d: GDNDims, elem: int) -> Work:
+    """The gated RMSNorm over `rows` tokens of HV heads: x and z in, y out, the weight; about 10 operations an
+    element (square, sum, scale, weight, the SiLU gate)."""
+    per_row = d.num_v_heads * d.head_v_dim
+    return Work((3 * rows * per_row + d.head_v_dim) * elem, 10.0 * rows * per_row)
 
 
 # --- one decode step of the whole model (T = 1 per sequence, B sequences), bytes per block kind -------------

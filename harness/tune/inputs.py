@@ -20,7 +20,8 @@ from model.tp import check_divisible, kv_heads_for_rank
 from .dims import MoEDims
 from .floors import moe_dims_of
 
-__all__ = ["generator", "moe_weights", "moe_hidden", "moe_routing", "gdn_rule_inputs", "gdn_weights", "gdn_hidden",
+__all__ = ["generator", "moe_weights", "moe_hidden", "moe_routing", "gdn_rule_inputs", "gdn_conv_inputs",
+           "gated_norm_inputs", "gdn_weights", "gdn_hidden",
            "attention_weights", "rank_config", "rank_weights", "VOCAB_PADDING"]
 
 # vLLM's VocabParallelEmbedding / ParallelLMHead pad the vocabulary to a multiple of 64
@@ -75,6 +76,23 @@ def gdn_rule_inputs(batch: int, tokens: int, d: GDNDims, dtype: torch.dtype, dev
     g, beta = gdn_gating(a, b, A_log, dt_bias)
     state = _randn(gen, (batch, d.num_v_heads, d.head_k_dim, d.head_v_dim), device, torch.float32, 0.5)
     return q, k, v, g, beta, state
+
+
+def gdn_conv_inputs(batch: int, tokens: int, d: GDNDims, dtype: torch.dtype, device: torch.device, seed: int):
+    """(x [B, T, conv_dim], weight [conv_dim, W], state [B, conv_dim, W-1]) in `dtype`: the layer's q/k/v
+    projection, its conv weight and a random conv state (a chunk after an earlier one, not a fresh sequence)."""
+    gen = generator(device, seed)
+    x = _randn(gen, (batch, tokens, d.conv_dim), device, dtype)
+    weight = _randn(gen, (d.conv_dim, d.conv_kernel), device, dtype, 0.5)
+    return x, weight, _randn(gen, (batch, d.conv_dim, d.conv_kernel - 1), device, dtype)
+
+
+def gated_norm_inputs(rows: int, d: GDNDims, dtype: torch.dtype, device: torch.device, seed: int):
+    """(x, z [1, rows, HV, V], weight [V]) in `dtype`: the delta rule's output, the z gate and the norm weight."""
+    gen = generator(device, seed)
+    x = _randn(gen, (1, rows, d.num_v_heads, d.head_v_dim), device, dtype)
+    z = _randn(gen, (1, rows, d.num_v_heads, d.head_v_dim), device, dtype)
+    return x, z, (1.0 + _randn(gen, (d.head_v_dim,), device, torch.float32, 0.3)).to(dtype)
 
 
 def gdn_weights(d: GDNDims, dtype: torch.dtype, device: torch.device, seed: int = 2) -> GDNWeights:

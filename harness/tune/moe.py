@@ -3,7 +3,7 @@ the whole block at a few counts (composed: router, routed experts on each path, 
 and every fused block path), and every router of model.moe.ROUTERS (the routing alone)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Collection
 
 import torch
@@ -22,8 +22,8 @@ from .inputs import moe_hidden, moe_routing, moe_weights
 from .measure import Measurement, Settings, check_error, measure
 from .prune import Pruner
 
-__all__ = ["ExpertPoint", "expert_point", "measure_expert_fn", "sweep_moe_experts", "sweep_moe_block",
-           "sweep_moe_router", "unavailable_expert_paths"]
+__all__ = ["ExpertPoint", "expert_point", "graphed_block_tokens", "measure_expert_fn", "sweep_moe_experts",
+           "sweep_moe_block", "sweep_graphed_block", "sweep_moe_router", "unavailable_expert_paths"]
 
 
 def unavailable_expert_paths(s: Settings) -> dict[str, str]:
@@ -121,15 +121,7 @@ def sweep_moe_block(d: MoEDims, tokens_list, s: Settings, ceilings: Ceilings, pr
     rows = [] if rows is None else rows
     for tokens in tokens_list:
         tick(f"moe block T={tokens}")
-        x = moe_hidden(tokens, d, s.dtype, s.device, seed=10_000 + tokens)
-        routing = moe_routing(x, w)
-        ref = moe_block_reference(x, w, routing=routing)
-        shared_ref = shared_expert(x.double(), w.to(torch.float64))
-        # Routed and shared parts can cancel: errors are measured against the size of the two terms.
-        scale = (ref - shared_ref).norm().item() + shared_ref.norm().item()
-        del shared_ref
-        distinct = int(routing[1].unique().numel())
-        floor = floor_of(moe_block_work(tokens, distinct, d, x.element_size()), ceilings)
+        x, ref, scale, distinct, floor = _block_point(d, tokens, s, ceilings, w)
         for name, path in _candidates(tokens, s, pruner, paths_at):
             m = Measurement("moe_block", tokens, name, "error", floor=floor, bound=_tolerance("block", s),
                             extra={"distinct_experts": distinct})
@@ -157,6 +149,54 @@ def sweep_moe_block(d: MoEDims, tokens_list, s: Settings, ceilings: Ceilings, pr
 
             rows.append(measure(m, fused, poison, lambda result=result: (check_error(result["out"], ref, scale), ""),
                                 s))
+    return rows
+
+
+def _block_point(d: MoEDims, tokens: int, s: Settings, ceilings: Ceilings, w: MoEWeights):
+    """(x, the float64 block routed by x's low-precision logits, the error scale, distinct experts, floor)."""
+    x = moe_hidden(tokens, d, s.dtype, s.device, seed=10_000 + tokens)
+    routing = moe_routing(x, w)
+    ref = moe_block_reference(x, w, routing=routing)
+    shared_ref = shared_expert(x.double(), w.to(torch.float64))
+    # Routed and shared parts can cancel: errors are measured against the size of the two terms.
+    scale = (ref - shared_ref).norm().item() + shared_ref.norm().item()
+    distinct = int(routing[1].unique().numel())
+    return x, ref, scale, distinct, floor_of(moe_block_work(tokens, distinct, d, x.element_size()), ceilings)
+
+
+def graphed_block_tokens(tokens_list, device: torch.device) -> list[int]:
+    """The token counts the graphed block is timed at: CUDA only, up to its largest bucket."""
+    from model.moe.graphed_block import BUCKETS  # here: `--ab` runs this harness on older model packages
+
+    return [t for t in tokens_list if t <= BUCKETS[-1]] if device.type == "cuda" else []
+
+
+def sweep_graphed_block(d: MoEDims, tokens_list, s: Settings, ceilings: Ceilings, tick: Callable[[str], None],
+                        w: MoEWeights | None = None, rows: list[Measurement] | None = None) -> list[Measurement]:
+    """What the block replayed from a per-bucket CUDA graph (model.moe.GraphedMoEBlock) costs an eager caller:
+    the copy in, the replay and the copy out, timed as an eager call (L2 flushed), for each block path it can
+    capture at each token count up to its largest bucket. Rows are block `moe_block_graphed`, which no dispatch
+    table records: a graph replay is not an eager path, and a whole-step capture cannot hold it."""
+    from model.moe.graphed_block import GraphedMoEBlock  # here: `--ab` runs this harness on older model packages
+
+    rows = [] if rows is None else rows
+    w = w or moe_weights(d, s.dtype, s.device)
+    eager_only = replace(s, graphs=False)
+    for tokens in graphed_block_tokens(tokens_list, s.device):
+        tick(f"moe block graphed T={tokens}")
+        x, ref, scale, distinct, floor = _block_point(d, tokens, s, ceilings, w)
+        for name in ("composed", *_fused_block_candidates(tokens, s, None)):
+            m = Measurement("moe_block_graphed", tokens, name, "error", floor=floor, bound=_tolerance("block", s),
+                            extra={"distinct_experts": distinct})
+            graphed, result = GraphedMoEBlock(w, block=name), {}
+
+            def call(graphed=graphed, result=result):
+                result["out"] = graphed(x)
+
+            rows.append(measure(m, call, result.clear,
+                                lambda result=result: (check_error(result["out"], ref, scale), ""), eager_only))
+            m.graph_note = "is itself a graph replay: eager is its cost to an eager caller"
+            del graphed
     return rows
 
 

@@ -14,9 +14,12 @@ __all__ = ["Section", "format_rows", "layer_breakdown", "write_report", "verdict
 TITLES = {
     "moe_experts": "Routed experts (T tokens)",
     "moe_block": "Whole MoE block: router + routed experts + shared expert, composed with each expert path, and each fused block path (T tokens)",
+    "moe_block_graphed": "Whole MoE block replayed from a per-bucket CUDA graph (model.moe.GraphedMoEBlock), each block path it captures: eager is the cost to an eager caller (copy in, replay, copy out); not a dispatch choice (T tokens)",
     "moe_router": "Router alone: top-k and softmax of the router logits, after the router GEMM (T tokens)",
     "gdn_prefill": "Gated delta rule, prefill (B=1, T tokens)",
     "gdn_decode": "Gated delta rule, one decode step (T=1, B sequences)",
+    "gdn_conv": "GDN causal conv1d + SiLU of the staged layer (B=1, T tokens)",
+    "gdn_gated_norm": "GDN gated RMSNorm of the staged layer (rows: B*T tokens)",
     "gdn_layer_prefill": "GDN layer by stage, prefill (B=1, T tokens)",
     "gdn_layer_decode": "GDN layer by stage (`layer`: the staged layer whole), and each fused decode-layer path, decode (T=1, B sequences)",
     "triton_decode_configs": "triton_decode: every candidate block config (T tokens)",
@@ -87,9 +90,11 @@ def layer_breakdown(rows: list[Measurement]) -> list[str]:
             layer_us = None if layer is None else (layer.graph or layer.eager).median_us
             shares = ", ".join(f"{n} {t:,.1f}" for n, t in times.items())
             label = "prefill T=" if block == "gdn_layer_prefill" else "decode B="
+            extra = next(iter(stages.values())).extra
             out.append(f"{label}{key}: stages ({mode} us) {shares}; sum {total:,.1f}"
                        f"{'' if layer_us is None else f', whole layer {layer_us:,.1f}'}; largest: {top} "
-                       f"({times[top] / total:.0%}); rule path {next(iter(stages.values())).extra.get('rule')}")
+                       f"({times[top] / total:.0%}); rule path {extra.get('rule')}, conv {extra.get('conv')}, "
+                       f"gated norm {extra.get('norm')}")
     return out
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from model.dispatch_table import table_file_name
-from model.gdn import select_rule_path, served_decode_layer
+from model.gdn import select_conv_path, select_gated_norm_path, select_rule_path, served_decode_layer
 from model.moe import select_block_path, select_expert_path
 from model.norm import compute_dtype
 from model.moe import ROUTERS
@@ -211,6 +211,8 @@ def model_paths(a, device: torch.device, dtype: torch.dtype) -> Qwen36Paths:
     default = Qwen36Paths()
     router, norm = a.router or default.router, a.norm or default.norm
     for table, name in ((ROUTERS, router), (RMS_NORM_PATHS, norm), (GATED_NORM_PATHS, norm)):
+        if name is None:  # the model's default: nothing forced
+            continue
         if name not in table:
             raise ValueError(f"no {table.what} {name!r}; registered: {', '.join(sorted(table))}")
         table.checked(name, 1, dtype, device)
@@ -220,10 +222,10 @@ def model_paths(a, device: torch.device, dtype: torch.dtype) -> Qwen36Paths:
 
 def _paths(model: Qwen36Model, batch: int, s: Settings) -> dict[str, str]:
     """The registered path each block serves this batch's decode step with (the device's table or the knobs):
-    the whole-block path, and the router and experts only where the MoE block is composed, the rule only where
-    the GDN decode layer is staged."""
+    the whole-block path, and the router and experts only where the MoE block is composed, the rule, conv and
+    gated norm only where the GDN decode layer is staged."""
     cfg, mp = model.config, model.paths
-    paths = {"norm": mp.norm}
+    paths = {"norm": mp.rms_norm}
     if any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers)):
         paths["moe_block"] = mp.moe_block or select_block_path(batch, s.device, s.dtype, mp.moe)
         if paths["moe_block"] == "composed":
@@ -235,6 +237,8 @@ def _paths(model: Qwen36Model, batch: int, s: Settings) -> dict[str, str]:
             decode_layer=mp.gdn_decode_layer) or "staged"
         if paths["gdn_decode_layer"] == "staged":
             paths["gdn_rule"] = mp.gdn_rule or select_rule_path(1, batch, s.device, s.dtype)
+            paths["gdn_conv"] = mp.gdn_conv or select_conv_path(1, s.device, s.dtype)
+            paths["gdn_gated_norm"] = mp.norm or select_gated_norm_path(batch, s.device, s.dtype)
     if "full_attention" in cfg.layer_types:
         paths["attention_core"] = mp.attention_core
     return paths
@@ -314,7 +318,7 @@ def run_step(a) -> int:
         "device": name, "device_stem": stem, "date": today, "torch": torch.__version__,
         "command": shlex.join(getattr(a, "invocation", None) or ["qwen36", *sys.argv[1:]]),
         "dtype": str(dtype).removeprefix("torch."), "model": model_name, "tp": a.tp,
-        "router": paths.router, "norm": paths.norm,
+        "router": paths.router, "norm": paths.rms_norm,
         "dims": f"{model_name}-tp{a.tp}", "rank_config": {k: v for k, v in vars(cfg).items()},
         "prefill": prefill, "batches": list(batches), "reps": a.reps, "warmup": a.warmup,
         "ceilings": {"hbm_bytes_per_s": ceilings.hbm_bytes_per_s, "source": ceilings.source},

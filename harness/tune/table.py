@@ -15,8 +15,9 @@ import json
 from pathlib import Path
 
 from model.dispatch_table import BLOCKS, SCHEMA, load_dispatch_table
-from model.gdn import GDN_RULE_PATHS
+from model.gdn import CONV_PATHS, GDN_RULE_PATHS
 from model.moe import EXPERT_PATHS, MOE_BLOCK_PATHS
+from model.norm import GATED_NORM_PATHS
 
 from .block_rows import block_choice
 from .measure import Measurement
@@ -47,7 +48,8 @@ def winners(rows: list[Measurement], block: str, prefer_graph: bool) -> dict[int
 
 def _token_limit(block: str, path: str) -> int | None:
     """The most tokens (per call) a path takes; the decode blocks count sequences, which no path limits."""
-    registry = {"moe_experts": EXPERT_PATHS, "moe_block": MOE_BLOCK_PATHS, "gdn_prefill": GDN_RULE_PATHS}.get(block)
+    registry = {"moe_experts": EXPERT_PATHS, "moe_block": MOE_BLOCK_PATHS, "gdn_prefill": GDN_RULE_PATHS,
+                "gdn_conv": CONV_PATHS, "gdn_gated_norm": GATED_NORM_PATHS}.get(block)
     return registry[path].max_tokens if registry and path in registry else None
 
 

@@ -3,7 +3,7 @@ whole-layer decode paths."""
 from .conv import CONV_PATHS, ConvPath, conv_prefill, conv_reference, conv_update, run_conv_path, zero_conv_state
 from .decode_layer import GDN_DECODE_LAYER_PATHS, run_decode_layer, select_decode_layer_path
 from .layer import gdn_layer, served_decode_layer
-from .staged import gdn_gating, select_conv_path, select_rule_path
+from .staged import gdn_gating, select_conv_path, select_gated_norm_path, select_rule_path
 from .weights import GDNState, GDNWeights
 from .layout import GDNDims, qwen35_to_qwen3_next, qwen3_next_to_qwen35
 from .rule import (
@@ -46,6 +46,7 @@ __all__ = [
     "run_gdn_rule",
     "select_conv_path",
     "select_decode_layer_path",
+    "select_gated_norm_path",
     "select_rule_path",
     "state_dtype",
     "zero_conv_state",

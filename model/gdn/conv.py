@@ -6,14 +6,18 @@ previous chunk (zeros for a fresh sequence) and a decode step shifts one token i
 
 Calling convention: `fn(x [B, T, C], weight [C, W], conv_state [B, C, W-1]) -> (y [B, T, C], new_state)`,
 y in x's dtype (float32 arithmetic; float64 for float64 input), new_state in conv_state's dtype.
-The input state is never modified.
+The input state is never modified. `triton` (model.gdn.triton_conv) is the whole call in one kernel launch:
+CUDA, or a CPU through Triton's interpreter (TRITON_INTERPRET=1); float32, bfloat16 and float16 inputs.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ..paths import ComputePath, PathTable, always_float64, compute_dtype
+from .. import triton_support
+from ..paths import LOW_PRECISION, ComputePath, PathTable, always_float64, compute_dtype
+
+triton_conv = triton_support.import_if_triton(".triton_conv", __package__)  # None without Triton
 
 __all__ = [
     "ConvPath",
@@ -21,6 +25,7 @@ __all__ = [
     "conv_reference",
     "conv_prefill",
     "conv_update",
+    "conv_triton",
     "zero_conv_state",
     "run_conv_path",
 ]
@@ -79,11 +84,26 @@ def conv_update(x, weight, conv_state):
     return y.unsqueeze(1).to(x.dtype), window[:, :, 1:].to(conv_state.dtype)
 
 
+def conv_triton(x, weight, conv_state):
+    """Any T: one Triton launch writes y and the new state (float32 taps, SiLU; model.gdn.triton_conv)."""
+    _check(x, weight, conv_state)
+    if triton_conv is None:
+        raise RuntimeError("the 'triton' conv path needs Triton, which is not installed; use the 'prefill' path")
+    return triton_conv.causal_conv1d(x, weight, conv_state)
+
+
+def triton_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
+    return triton_support.unavailable_reason(device, None if triton_conv is None else triton_conv.INTERPRETED)
+
+
+# Tests iterate this table: a path is tested the moment it is registered (tolerances: model.tolerances).
 CONV_PATHS = PathTable("conv path", [
     ComputePath("reference", conv_reference, "explicit window sum in float64", is_reference=True,
                 output_dtype_rule=always_float64),
     ComputePath("prefill", conv_prefill, "grouped F.conv1d over [state, x]"),
     ComputePath("update", conv_update, "T == 1 window shift", max_tokens=1),
+    ComputePath("triton", conv_triton, "one Triton kernel: float32 taps, SiLU, the new state",
+                dtypes=LOW_PRECISION, why_unavailable=triton_unavailable_reason),
 ])
 
 

@@ -9,8 +9,9 @@ overwriting every element. `out_state` may be `state` itself (the in-place updat
 needs) and every path gives the same result aliased or not; when it is another state, `state` is left unchanged.
 
 - `reference`: every block's reference path, in float64 on the upcast inputs (the definition);
-- `staged`: the layer as `gdn_layer` computed it for one token before this table (conv `update`, the rule path
-  `select_rule_path` picks, the `fused` gated norm), bit for bit, then copied into `out_state`;
+- `staged`: the blocks one after another, each block's serving choice (`select_conv_path`, `select_rule_path`,
+  `select_gated_norm_path`: with no dispatch table, conv `update`, `decode_step` and the `fused` gated norm, bit
+  for bit what `gdn_layer` computed for one token before this table), then copied into `out_state`;
 - `triton`: three launches: one GEMM for the four input projections (`GDNWeights.in_proj_stacked`), one Triton
   kernel for conv, gating, the delta rule and the gated norm (model.gdn.triton_decode_layer, float32 on chip),
   and out_proj. CUDA, or a CPU through Triton's interpreter (TRITON_INTERPRET=1).
@@ -28,12 +29,7 @@ from .conv import CONV_PATHS
 from .rule import GDN_RULE_PATHS
 from .staged import staged_layer
 
-try:
-    from . import triton_decode_layer
-except ImportError as exc:  # a torch build or platform without Triton: the triton path says so and never runs
-    if exc.name != "triton":
-        raise
-    triton_decode_layer = None
+triton_decode_layer = triton_support.import_if_triton(".triton_decode_layer", __package__)  # None: no Triton
 
 __all__ = [
     "GDN_DECODE_LAYER_PATHS",
@@ -63,12 +59,13 @@ def decode_layer_reference(x, w, state, out_state):
 
 
 def decode_layer_staged(x, w, state, out_state):
-    """One block after another, as gdn_layer computed a decode step before this table."""
+    """One block after another, each block's serving choice (as gdn_layer computed a decode step before this table,
+    where the dispatch table names no conv or gated norm)."""
     # The rule path writes straight into out_state unless that is the state it reads (not every rule path
     # is written for that); the result is the same bits either way.
     aliased = _same_memory(out_state.recurrent, state.recurrent)
     y, conv_state, recurrent = staged_layer(
-        x, w, state.conv, state.recurrent, rule=None, conv=None, norm="fused",
+        x, w, state.conv, state.recurrent, rule=None, conv=None, norm=None,
         final_state=None if aliased else out_state.recurrent,
     )
     out_state.conv.copy_(conv_state)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 
 from .decode_layer import run_decode_layer, select_decode_layer_path
-from .staged import gdn_gating, select_conv_path, select_rule_path, staged_layer
+from .staged import gdn_gating, select_conv_path, select_gated_norm_path, select_rule_path, staged_layer
 from .weights import GDNState, GDNWeights
 
 __all__ = ["GDNWeights", "GDNState", "gdn_gating", "gdn_layer", "select_rule_path", "select_conv_path",
-           "served_decode_layer"]
+           "select_gated_norm_path", "served_decode_layer"]
 
 
 def served_decode_layer(
@@ -27,12 +27,12 @@ def served_decode_layer(
     *,
     rule: str | None = None,
     conv: str | None = None,
-    norm: str = "fused",
+    norm: str | None = None,
     decode_layer: str | None = None,
 ) -> str | None:
     """The whole-layer path (GDN_DECODE_LAYER_PATHS) a one-token gdn_layer call runs with these arguments, or
     None when a forced rule, conv or norm path keeps it on the staged blocks with those paths."""
-    if rule is not None or conv is not None or norm != "fused":
+    if rule is not None or conv is not None or norm is not None:
         return None
     return decode_layer or select_decode_layer_path(batch, device, dtype)
 
@@ -44,13 +44,14 @@ def gdn_layer(
     *,
     rule: str | None = None,
     conv: str | None = None,
-    norm: str = "fused",
+    norm: str | None = None,
     decode_layer: str | None = None,
     in_place: bool = False,
 ) -> tuple[torch.Tensor, GDNState]:
     """y [B, T, hidden] in x's dtype and the state after the last token. `state=None` starts a sequence.
 
-    `rule` / `conv` / `norm` force a block's registered path (default: the serving choice, `select_rule_path`).
+    `rule` / `conv` / `norm` force a block's registered path (default: the serving choice, `select_rule_path`,
+    `select_conv_path`, `select_gated_norm_path`: the device's dispatch table, else each block's default).
     One token with none of them forced runs a whole-layer path of GDN_DECODE_LAYER_PATHS: `decode_layer`, or
     `select_decode_layer_path` (the device's dispatch table, else `staged`, the blocks one after another).
     The input state is never modified, unless `in_place`: then the returned state is `state` itself,

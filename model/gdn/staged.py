@@ -4,8 +4,9 @@
     g = -exp(A_log) * softplus(a + dt_bias)   (float32);   beta = sigmoid(b)
     o = delta_rule(q, k, v, g, beta; state);  y = out_proj(gated_rms_norm(o, z))
 
-with the serving choice of each block's path. `gdn_layer` (model.gdn.layer) runs it for prefills, and the
-decode layer's `staged` and `reference` paths (model.gdn.decode_layer) run it for one token.
+with the serving choice of each block's path (the device's dispatch table for the conv, the rule and the gated
+norm, else each block's default). `gdn_layer` (model.gdn.layer) runs it for prefills, and the decode layer's
+`staged` and `reference` paths (model.gdn.decode_layer) run it for one token.
 """
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ import torch.nn.functional as F
 
 from ..dispatch_table import table_path_for
 from ..norm import GATED_NORM_PATHS, compute_dtype
-from .conv import run_conv_path
+from .conv import CONV_PATHS, run_conv_path
 from .rule import GDN_RULE_PATHS, run_gdn_rule
 
-__all__ = ["gdn_gating", "select_conv_path", "select_rule_path", "staged_layer"]
+__all__ = ["gdn_gating", "select_conv_path", "select_gated_norm_path", "select_rule_path", "staged_layer"]
 
 
 def gdn_gating(
@@ -52,8 +53,32 @@ def select_rule_path(
     return "decode_step" if num_tokens == 1 else "chunked"
 
 
-def select_conv_path(num_tokens: int) -> str:
+def select_conv_path(
+    num_tokens: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+) -> str:
+    """The serving choice. Given the call's device and dtype, the device's dispatch table decides where it has
+    a runnable entry (`gdn_conv`, by tokens per sequence); else the window shift for one token and the grouped
+    conv1d for a prefill."""
+    if device is not None and dtype is not None:
+        measured = table_path_for("gdn_conv", num_tokens, device, dtype,
+                                  lambda name: CONV_PATHS.can_run(name, num_tokens, dtype, device))
+        if measured is not None:
+            return measured
     return "update" if num_tokens == 1 else "prefill"
+
+
+def select_gated_norm_path(
+    rows: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+) -> str:
+    """The serving choice for the layer's gated RMSNorm over `rows` tokens (B * T: the norm does not care which
+    sequence a row is of). Given the call's device and dtype, the device's dispatch table decides where it has a
+    runnable entry (`gdn_gated_norm`); else `fused`."""
+    if device is not None and dtype is not None:
+        measured = table_path_for("gdn_gated_norm", rows, device, dtype,
+                                  lambda name: GATED_NORM_PATHS.can_run(name, rows, dtype, device))
+        if measured is not None:
+            return measured
+    return "fused"
 
 
 def staged_layer(
@@ -64,16 +89,17 @@ def staged_layer(
     *,
     rule: str | None,
     conv: str | None,
-    norm: str,
+    norm: str | None,
     final_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y [B, T, hidden] in x's dtype, the conv state and the recurrent state after the last token) for
-    x [B, T, hidden] and the weights `w` (a GDNWeights). `rule` / `conv` None: the serving choice.
+    x [B, T, hidden] and the weights `w` (a GDNWeights). `rule` / `conv` / `norm` None: the serving choice.
     `final_state`: where the rule path writes the recurrent state (None: a new tensor in its state dtype);
     it must not overlap `recurrent`. Neither input state is modified."""
     d = w.dims
     batch, tokens, _ = x.shape
-    mixed, conv_state = run_conv_path(conv or select_conv_path(tokens), F.linear(x, w.in_proj_qkv), w.conv1d, conv_state)
+    conv = conv or select_conv_path(tokens, x.device, x.dtype)
+    mixed, conv_state = run_conv_path(conv, F.linear(x, w.in_proj_qkv), w.conv1d, conv_state)
     q, k, v = mixed.split([d.key_dim, d.key_dim, d.value_dim], dim=-1)
     q = q.reshape(batch, tokens, d.num_k_heads, d.head_k_dim)
     k = k.reshape(batch, tokens, d.num_k_heads, d.head_k_dim)
@@ -82,6 +108,7 @@ def staged_layer(
     rule = rule or select_rule_path(tokens, batch, x.device, v.dtype)
     core, recurrent = run_gdn_rule(rule, q, k, v, g, beta, recurrent, final_state=final_state)
     z = F.linear(x, w.in_proj_z).reshape(batch, tokens, d.num_v_heads, d.head_v_dim)
+    norm = norm or select_gated_norm_path(batch * tokens, x.device, x.dtype)
     normed = GATED_NORM_PATHS[norm].fn(core.to(x.dtype), w.norm, d.eps, z)
     y = F.linear(normed.reshape(batch, tokens, d.value_dim), w.out_proj)
     return y, conv_state, recurrent

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from .. import triton_support
+from ..triton_launch import LaunchPlan, PlansByOwner
 from ..triton_support import defined_interpreted
 from .rule import L2NORM_EPS
 
@@ -160,23 +161,36 @@ def _check(proj: torch.Tensor, w, state, out_state) -> None:
             raise ValueError(f"the fused GDN decode kernel reads {what} as a contiguous vector; its stride is {t.stride(0)}")
 
 
+# Per weights object: one launch plan per call shape (model.triton_launch), so an eager decode step pays the
+# JIT's argument binding once per shape rather than on every call.
+_PLANS = PlansByOwner()
+
+
 def fused_decode_core(proj: torch.Tensor, w, state, out_state) -> torch.Tensor:
     """normed [B, HV*V] in proj's dtype from proj [B, conv_dim + value_dim + 2*HV] (= x @ w.in_proj_stacked^T),
     the weights `w` (GDNWeights) and `state` (GDNState); writes the state after the token into `out_state`,
     which may be `state` itself. Shapes are the caller's to check (model.gdn.decode_layer)."""
-    _check(proj, w, state, out_state)
+    ci, co, ri, ro = state.conv, out_state.conv, state.recurrent, out_state.recurrent
+    # Everything the kernel specialises on that can change between calls with one weights object (the weights'
+    # own layout is fixed; `normed` is a fresh allocation, always aligned).
+    key = (proj.shape, proj.dtype, proj.device, proj.stride(), proj.data_ptr() % 16,
+           *((t.dtype, t.stride(), t.data_ptr() % 16) for t in (ci, co, ri, ro)))
+    plans = _PLANS.of(w)
+    plan = plans.get(key)
+    if plan is None:
+        _check(proj, w, state, out_state)
+        plan = plans[key] = LaunchPlan()
     d = w.dims
     batch = proj.shape[0]
     normed = torch.empty(batch, d.value_dim, dtype=proj.dtype, device=proj.device)
     if batch == 0:
         return normed
     bk, bv, bw, num_warps = _tile(d.head_k_dim, d.head_v_dim, d.conv_kernel)
-    ci, co, ri, ro = state.conv, out_state.conv, state.recurrent, out_state.recurrent
-    _gdn_decode_kernel[(batch, d.num_k_heads)](
+    meta = {"NUM_K_HEADS": d.num_k_heads, "GROUP": d.group, "HEAD_K": d.head_k_dim, "HEAD_V": d.head_v_dim,
+            "W": d.conv_kernel, "BK": bk, "BV": bv, "BW": bw, "L2_EPS": L2NORM_EPS, "num_warps": num_warps}
+    plan(_gdn_decode_kernel, (batch, d.num_k_heads), meta)(
         proj, w.conv1d, w.A_log, w.dt_bias, w.norm, ci, co, ri, ro, normed,
         proj.stride(0), *ci.stride(), *co.stride(), *w.conv1d.stride(), *ri.stride(), *ro.stride(), normed.stride(0),
         d.head_k_dim ** -0.5, d.eps,
-        NUM_K_HEADS=d.num_k_heads, GROUP=d.group, HEAD_K=d.head_k_dim, HEAD_V=d.head_v_dim, W=d.conv_kernel,
-        BK=bk, BV=bv, BW=bw, L2_EPS=L2NORM_EPS, num_warps=num_warps,
     )
     return normed

@@ -2,6 +2,7 @@
 from .block import MOE_HF_NAMES, MoEWeights, fuse_per_expert_weights, moe_block_reference, shared_expert
 from .block_paths import MOE_BLOCK_PATHS, moe_block, select_block_path
 from .config import MoEConfig, MoEConfigError
+from .graphed_block import GraphedMoEBlock
 from .dispatch import dispatch_experts, select_expert_path
 from .experts import EXPERT_PATHS, ExpertPath, expert_paths_for, register_expert_path, run_expert_path
 from . import expert_paths  # noqa: F401  (each module there registers its paths into EXPERT_PATHS)
@@ -12,6 +13,7 @@ from .router import (
 __all__ = [
     "EXPERT_PATHS",
     "ExpertPath",
+    "GraphedMoEBlock",
     "MOE_BLOCK_PATHS",
     "MOE_HF_NAMES",
     "MoEConfig",

@@ -18,16 +18,45 @@ import torch
 import torch.nn.functional as F
 
 from . import triton_decode, triton_router
-from ..triton_support import last_dim_contiguous
+from ..triton_launch import LaunchPlan, PlansByOwner
 from .block import MoEWeights
 from .triton_decode import SharedExpert
 
 __all__ = ["moe_block_triton_fused"]
 
 
+# Per weights object: one launch plan per call shape of x (model.triton_launch): an eager decode step launches
+# the same kernels with the same weights every step, so the JIT's binding is paid once per shape, not per call.
+_PLANS = PlansByOwner()
+
+
 def moe_block_triton_fused(x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
     """The MoE block of x [T, H] in x's dtype, routed by the fused Triton router (the tie rule of
     model.moe.router). Every weight must have x's dtype: the kernels read routed and shared weights alike."""
+    plans = _PLANS.of(w)
+    # Everything the kernels specialise on that can change between calls with one weights object: x's shape,
+    # dtype, device, strides and 16-byte alignment (the weights' own are fixed: MoEWeights is frozen, and the
+    # buffers below are fresh allocations, always aligned).
+    key = (x.shape, x.dtype, x.device, x.stride(), x.data_ptr() % 16)
+    entry = plans.get(key)
+    if entry is None:
+        _check(x, w)
+        # The kernels read rows whose last dim is contiguous: anything else is copied on every call (rare).
+        entry = plans[key] = (LaunchPlan(), x.stride(1) != 1, any(t.stride(-1) != 1 for t in w.tensors().values()))
+    plan, copy_x, copy_w = entry
+    if copy_x:
+        x = x.contiguous()
+    if copy_w:
+        w = MoEWeights(**{name: t.contiguous() for name, t in w.tensors().items()}, top_k=w.top_k)
+    logits = F.linear(x, w.router)
+    weights, ids = triton_router.route_into(logits, w.top_k, plan)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return triton_decode.experts_and_shared_triton_decode(
+        x, w.w13, w.w2, weights, ids, _shared(w), out, launch=plan,
+    )
+
+
+def _check(x: torch.Tensor, w: MoEWeights) -> None:
     if x.dim() != 2 or x.shape[1] != w.w13.shape[2]:
         raise ValueError(f"x has shape {tuple(x.shape)}; the fused MoE block takes [T, {w.w13.shape[2]}]")
     mismatched = {name: t.dtype for name, t in w.tensors().items() if t.dtype != x.dtype}
@@ -37,11 +66,10 @@ def moe_block_triton_fused(x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
     why = triton_router.unavailable_reason(x.device)
     if why is not None:
         raise ValueError(f"the fused MoE block cannot run on {x.device}: {why}; use the 'composed' block")
-    x = last_dim_contiguous(x)
-    logits = F.linear(x, w.router)
-    weights, ids = triton_router.route_triton_fused(logits, w.top_k)
-    shared = SharedExpert(*(last_dim_contiguous(t) for t in (w.shared_w1, w.shared_w3, w.shared_w2, w.shared_gate)))
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    return triton_decode.experts_and_shared_triton_decode(
-        x, last_dim_contiguous(w.w13), last_dim_contiguous(w.w2), weights, ids, shared, out,
-    )
+    if w.router.shape[0] > triton_router.MAX_EXPERTS:
+        raise ValueError(f"the fused MoE block's router holds at most {triton_router.MAX_EXPERTS} experts, not "
+                         f"{w.router.shape[0]}; use the 'composed' block")
+
+
+def _shared(w: MoEWeights) -> SharedExpert:
+    return SharedExpert(w.shared_w1, w.shared_w3, w.shared_w2, w.shared_gate)

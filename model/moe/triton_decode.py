@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..triton_launch import jit_launch
 from ..triton_support import defined_interpreted
 
 __all__ = [
@@ -199,12 +200,14 @@ def experts_triton_decode(x, w13, w2, weights, ids, out, config: DecodeConfig | 
 
 
 def experts_and_shared_triton_decode(x, w13, w2, weights, ids, shared: SharedExpert, out,
-                                     config: DecodeConfig | None = None):
-    """out = routed experts + sigmoid(x . shared.gate) * shared expert(x), in the same two launches."""
-    return _launch(x, w13, w2, weights, ids, shared, out, config)
+                                     config: DecodeConfig | None = None, launch=jit_launch):
+    """out = routed experts + sigmoid(x . shared.gate) * shared expert(x), in the same two launches. `launch`:
+    how the kernels are launched (model.triton_launch: the JIT, or a caller's prepared plan)."""
+    return _launch(x, w13, w2, weights, ids, shared, out, config, launch)
 
 
-def _launch(x, w13, w2, weights, ids, shared: SharedExpert | None, out, config: DecodeConfig | None):
+def _launch(x, w13, w2, weights, ids, shared: SharedExpert | None, out, config: DecodeConfig | None,
+            launch=jit_launch):
     num_tokens, top_k = ids.shape
     if num_tokens == 0:
         return out  # no programs to launch (a grid of zero is refused)
@@ -220,22 +223,23 @@ def _launch(x, w13, w2, weights, ids, shared: SharedExpert | None, out, config: 
         gate_logit = torch.empty((num_tokens,), dtype=torch.float32, device=x.device)
     else:  # never read (SHARED_SLOT=False compiles the shared code out): any tensors of the right kinds
         s1, s3, s2, gate, gate_logit = w13, w13, w2, x, act
-    _gate_up_silu_kernel[(num_tokens * slots, triton.cdiv(act_cols, cfg.block_i))](
+    gate_up_meta = {"BLOCK_I": cfg.block_i, "BLOCK_H": cfg.block_h, "SHARED_SLOT": has_shared,
+                    "num_warps": cfg.warps_gate_up}
+    launch(_gate_up_silu_kernel, (num_tokens * slots, triton.cdiv(act_cols, cfg.block_i)), gate_up_meta)(
         x, w13, ids, act,
         s1, s3, gate, gate_logit,
         top_k, slots, hidden, inter, shared_inter,
         x.stride(0), w13.stride(0), w13.stride(1), ids.stride(0), ids.stride(1), s1.stride(0), s3.stride(0),
         act.stride(0),
-        BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, SHARED_SLOT=has_shared, num_warps=cfg.warps_gate_up,
     )
-    _down_weighted_sum_kernel[(num_tokens, triton.cdiv(hidden, cfg.block_n))](
+    down_meta = {"BLOCK_N": cfg.block_n, "BLOCK_I": cfg.block_i_down, "num_warps": cfg.warps_down,
+                 "TOP_K_POW2": max(8, triton.next_power_of_2(top_k)),  # one compiled variant for every k up to 8
+                 "SHARED_SLOT": has_shared}
+    launch(_down_weighted_sum_kernel, (num_tokens, triton.cdiv(hidden, cfg.block_n)), down_meta)(
         act, w2, ids, weights, out,
         s2, gate_logit,
         top_k, slots, hidden, inter, shared_inter,
         w2.stride(0), w2.stride(1), ids.stride(0), ids.stride(1), weights.stride(0), weights.stride(1), out.stride(0),
         act.stride(0), s2.stride(0),
-        BLOCK_N=cfg.block_n, BLOCK_I=cfg.block_i_down, num_warps=cfg.warps_down,
-        TOP_K_POW2=max(8, triton.next_power_of_2(top_k)),  # one compiled variant for every k up to 8
-        SHARED_SLOT=has_shared,
     )
     return out

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from .. import triton_support
+from ..triton_launch import jit_launch
 from ..triton_support import defined_interpreted
 
 __all__ = ["INTERPRETED", "MAX_EXPERTS", "route_triton_fused", "unavailable_reason"]
@@ -82,10 +83,11 @@ def _num_warps(block_e: int) -> int:
     return max(1, min(8, block_e // 256))
 
 
-def route_triton_fused(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def route_triton_fused(logits: torch.Tensor, top_k: int, launch=jit_launch) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits [..., E] (any float dtype) -> (weights float32 [..., k], expert ids int64 [..., k]).
 
-    Callers check top_k first (model.moe.router); this checks what only this kernel limits.
+    Callers check top_k first (model.moe.router); this checks what only this kernel limits. `launch`: how the
+    kernel is launched (model.triton_launch: the JIT, or a caller's prepared plan).
     """
     num_experts = logits.shape[-1]
     if num_experts > MAX_EXPERTS:
@@ -99,16 +101,22 @@ def route_triton_fused(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, 
     if not logits.is_floating_point():
         raise TypeError(f"router logits must be a float tensor, not {logits.dtype}")
     flat = logits.reshape(-1, num_experts)  # a view for the usual [T, E]
-    num_tokens = flat.shape[0]
-    weights = torch.empty((num_tokens, top_k), dtype=torch.float32, device=logits.device)
-    ids = torch.empty((num_tokens, top_k), dtype=torch.int64, device=logits.device)
+    weights, ids = route_into(flat, top_k, launch)
+    out_shape = logits.shape[:-1] + (top_k,)
+    return weights.view(out_shape), ids.view(out_shape)
+
+
+def route_into(flat: torch.Tensor, top_k: int, launch=jit_launch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel alone, for checked logits [T, E]: (weights float32 [T, k], ids int64 [T, k])."""
+    num_tokens, num_experts = flat.shape
+    weights = torch.empty((num_tokens, top_k), dtype=torch.float32, device=flat.device)
+    ids = torch.empty((num_tokens, top_k), dtype=torch.int64, device=flat.device)
     if num_tokens > 0:
         block_e = triton.next_power_of_2(num_experts)
-        _route_topk_softmax_kernel[(num_tokens,)](
+        meta = {"BLOCK_E": block_e, "BLOCK_K": triton.next_power_of_2(top_k), "num_warps": _num_warps(block_e)}
+        launch(_route_topk_softmax_kernel, (num_tokens,), meta)(
             flat, weights, ids,
             num_experts, top_k,
             flat.stride(0), flat.stride(1), weights.stride(0), ids.stride(0),
-            BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k), num_warps=_num_warps(block_e),
         )
-    out_shape = logits.shape[:-1] + (top_k,)
-    return weights.view(out_shape), ids.view(out_shape)
+    return weights, ids

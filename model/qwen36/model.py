@@ -44,7 +44,10 @@ class Qwen36Paths:
     `moe_block` picks the whole MoE block's path (model.moe.MOE_BLOCK_PATHS; `router` and `moe` serve the
     `composed` block), `gdn_decode_layer` the whole GDN layer's path for a one-token step
     (model.gdn.GDN_DECODE_LAYER_PATHS; `gdn_rule` and `gdn_conv` serve the `staged` layer and prefills). A forced
-    `gdn_rule` or `gdn_conv` runs the staged layer, so it cannot combine with `gdn_decode_layer`."""
+    `gdn_rule` or `gdn_conv` runs the staged layer, so it cannot combine with `gdn_decode_layer`.
+    `norm` names the path of every RMSNorm (model.norm's tables, zero-centred and the GDN gated norm alike); None:
+    `fused` for the zero-centred norms (no table chooses them) and the serving choice for the gated norm, so a
+    one-token step still takes the GDN decode-layer path. A forced `norm` runs the staged GDN layer."""
 
     moe: MoEConfig = field(default_factory=MoEConfig)
     router: str = "topk_softmax"
@@ -53,7 +56,12 @@ class Qwen36Paths:
     gdn_conv: str | None = None
     gdn_decode_layer: str | None = None
     attention_core: str = "sdpa"
-    norm: str = "fused"
+    norm: str | None = None
+
+    @property
+    def rms_norm(self) -> str:
+        """The zero-centred RMSNorms' path: `norm`, else `fused`."""
+        return self.norm or "fused"
 
     @classmethod
     def reference(cls) -> "Qwen36Paths":
@@ -111,7 +119,7 @@ class Qwen36Model:
             raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}; expected [batch, tokens >= 1]")
         cache = self.new_cache() if cache is None else cache
         static = isinstance(cache, StaticDecodeCache)
-        rms = RMS_NORM_PATHS[self.paths.norm].fn
+        rms = RMS_NORM_PATHS[self.paths.rms_norm].fn
         # The mixers by cache: the static ones keep their state in the cache's buffers (same loop, same blocks).
         gdn, attention = (partial(gdn_layer, in_place=True), gated_attention_static) if static else (gdn_layer, gated_attention)
         embed, mlp, lm_head = F.embedding, self._mlp, F.linear
@@ -129,7 +137,7 @@ class Qwen36Model:
                 y, state = gdn(x, layer.mixer, state, rule=self.paths.gdn_rule, conv=self.paths.gdn_conv,
                                norm=self.paths.norm, decode_layer=self._decode_layer(input_ids.shape[1]))
             else:
-                y, state = attention(x, layer.mixer, state, core=self.paths.attention_core, norm=self.paths.norm)
+                y, state = attention(x, layer.mixer, state, core=self.paths.attention_core, norm=self.paths.rms_norm)
             new_states.append(state)
             h = h + y
             h = h + mlp(rms(h, layer.post_norm, eps), layer.mlp)

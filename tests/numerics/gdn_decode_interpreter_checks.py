@@ -13,8 +13,6 @@ The interpreter runs each program in numpy, about 0.1 s a call at these dims, he
 from __future__ import annotations
 
 import functools
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from hypothesis import strategies as st
 
 from model.gdn import GDN_DECODE_LAYER_PATHS, GDNState, decode_layer, triton_decode_layer
 from model.tolerances import GDN_DECODE_LAYER, GDN_DECODE_LAYER_STATE
+from tests.numerics.kernel_mutants import load_mutant
 from tests.numerics.test_gdn_decode_layer import DecodeCase, check_decode_layer_path, decode_cases, decode_inputs, edge_cases
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
@@ -68,16 +67,7 @@ MUTANTS = {
 
 def _mutant_core(tmp_path: Path, name: str, old: str, new: str):
     """fused_decode_core of a copy of model/gdn/triton_decode_layer.py with `old` replaced by `new`."""
-    source = Path(triton_decode_layer.__file__).read_text()
-    assert source.count(old) == 1, f"mutant {name}: {old!r} is not in the kernel exactly once; update the mutant"
-    file = tmp_path / f"mutant_{name.replace('-', '_')}.py"
-    file.write_text(source.replace(old, new))
-    # Named inside model.gdn, so the copy's relative imports resolve as the original's do.
-    spec = importlib.util.spec_from_file_location(f"model.gdn._{file.stem}", file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.fused_decode_core
+    return load_mutant(triton_decode_layer, tmp_path, name, old, new).fused_decode_core
 
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))

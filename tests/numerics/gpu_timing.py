@@ -1,13 +1,25 @@
 """Host wall time per eager call on CUDA, for the gpu-marked tests that report it: what an eager decode step
-pays for a block, its launches included (no L2 flush; `qwen36 tune` is the measurement that gates)."""
+pays for a block, its launches included (no L2 flush; `qwen36 tune` is the measurement that gates); and where
+those tests write their figures (GPU_REPORT_DIR)."""
 from __future__ import annotations
 
+import json
+import os
 import time
 from typing import Callable
 
 import torch
 
-__all__ = ["eager_wall_us"]
+__all__ = ["eager_wall_us", "write_gpu_report"]
+
+
+def write_gpu_report(file_name: str, report: dict) -> None:
+    """`report` as JSON to $GPU_REPORT_DIR/file_name, when the variable is set and anything was measured."""
+    report_dir = os.environ.get("GPU_REPORT_DIR")
+    if report_dir and any(report.values()):
+        os.makedirs(report_dir, exist_ok=True)
+        with open(os.path.join(report_dir, file_name), "w") as f:
+            json.dump(report, f, indent=2, sort_keys=True)
 
 
 def eager_wall_us(fn: Callable[[], object], calls: int = 200, warmup: int = 10) -> float:

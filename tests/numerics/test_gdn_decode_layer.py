@@ -18,7 +18,7 @@ from unittest.mock import patch
 
 import pytest
 import torch
-from hypothesis import example, given, note, settings
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from model.dispatch_table import SCHEMA, TABLE_ENV, clear_table_cache
@@ -26,6 +26,7 @@ from model.gdn import GDN_DECODE_LAYER_PATHS, GDNDims, GDNState, gdn_layer, sele
 from model.tolerances import GDN_DECODE_LAYER, GDN_DECODE_LAYER_STATE
 from tests.numerics.compare import cpu_supports, poisoned_like, relative_error
 from tests.numerics.gdn_attention_cases import TINY_GDN, generator, randn, random_gdn_state, random_gdn_weights
+from tests.numerics.path_checks import cpu_skip_marks, run_property
 
 F64, F32, BF16, F16 = torch.float64, torch.float32, torch.bfloat16, torch.float16
 DTYPES = (F64, F32, BF16, F16)
@@ -147,11 +148,7 @@ def check_decode_layer_path(
         assert conv_err <= state_bound, f"conv state: relative error {conv_err:.3e} > {state_bound:.1e} for {case}"
         assert rec_err <= state_bound, f"recurrent state: relative error {rec_err:.3e} > {state_bound:.1e} for {case}"
 
-    for case in examples:
-        decode_layer_matches_reference = example(case=case)(decode_layer_matches_reference)
-    if run_settings is not None:
-        decode_layer_matches_reference = run_settings(decode_layer_matches_reference)
-    decode_layer_matches_reference()
+    run_property(decode_layer_matches_reference, examples, run_settings)
 
 
 def edge_cases(dtype: torch.dtype) -> tuple[DecodeCase, ...]:
@@ -165,14 +162,9 @@ def _path_params():
         for dtype in DTYPES:
             if dtype not in path.dtypes:
                 continue
-            marks = []
-            why = path.unavailable_reason("cpu", dtype)
-            if why is None and dtype == F16 and not cpu_supports(F16):
-                why = "this CPU build has no float16 GEMM"
-            if why is not None:
-                reason = f"{name} {dtype}: {why}; tested in {TESTED_ELSEWHERE.get(name, 'NOWHERE (see the test)')}"
-                marks = [pytest.mark.skip(reason=reason)]
-            yield pytest.param(name, dtype, id=f"{name}-{str(dtype).removeprefix('torch.')}", marks=marks)
+            no_f16 = "this CPU build has no float16 GEMM" if dtype == F16 and not cpu_supports(F16) else None
+            yield pytest.param(name, dtype, id=f"{name}-{str(dtype).removeprefix('torch.')}",
+                               marks=cpu_skip_marks(name, path, dtype, TESTED_ELSEWHERE, no_f16))
 
 
 def test_every_decode_layer_path_has_tolerances_for_each_dtype_it_takes():
@@ -254,6 +246,7 @@ def test_gdn_layer_takes_the_decode_table_for_one_token_unless_a_block_path_is_f
         gdn_layer(one, w, rule="decode_step")
         gdn_layer(one, w, conv="update")
         gdn_layer(one, w, norm="reference")
+        gdn_layer(one, w, norm="fused")  # the staged layer's default norm, forced: still the staged blocks
     assert calls == ["staged", "reference"], calls
     assert y_ref.dtype == F64
     with pytest.raises(ValueError, match="decode_layer='staged' replaces the whole layer for one token"):

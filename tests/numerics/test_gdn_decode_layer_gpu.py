@@ -8,16 +8,13 @@ set, writes the errors and the eager per-call times of `triton` and `staged` to 
 """
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 import torch
 
 from model.gdn import GDN_DECODE_LAYER_PATHS, GDNDims
 from model.tolerances import GDN_DECODE_LAYER, GDN_DECODE_LAYER_STATE
 from tests.numerics.test_gdn_decode_layer import DecodeCase, check_decode_layer_path, decode_inputs, decode_layer_errors
-from tests.numerics.gpu_timing import eager_wall_us
+from tests.numerics.gpu_timing import eager_wall_us, write_gpu_report
 
 pytestmark = pytest.mark.gpu
 
@@ -84,8 +81,4 @@ def test_record_eager_time_per_call(batch):
 
 
 def teardown_module(module):
-    report_dir = os.environ.get("GPU_REPORT_DIR")
-    if report_dir and (REPORT["errors"] or REPORT["us_per_call"]):
-        os.makedirs(report_dir, exist_ok=True)
-        with open(os.path.join(report_dir, "gdn_decode_gpu.json"), "w") as f:
-            json.dump(REPORT, f, indent=2, sort_keys=True)
+    write_gpu_report("gdn_decode_gpu.json", REPORT)

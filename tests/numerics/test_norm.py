@@ -15,7 +15,7 @@ from typing import Callable
 
 import pytest
 import torch
-from hypothesis import example, given, note, settings
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from model.norm import GATED_NORM_PATHS, RMS_NORM_PATHS, gated_rms_norm_reference, rms_norm_reference
@@ -23,6 +23,7 @@ from model.paths import PathTable
 from model.tolerances import NORM_PATHS
 from tests.numerics.compare import assert_close, relative_error
 from tests.numerics.gdn_attention_cases import generator, randn, uniform
+from tests.numerics.path_checks import cpu_skip_marks, run_property
 
 F64, F32, BF16, F16 = torch.float64, torch.float32, torch.bfloat16, torch.float16
 DTYPES = (F64, F32, BF16, F16)
@@ -138,11 +139,7 @@ def check_norm_path(
         note(f"{kind} {dtype}: relative error {err:.3e}")
         assert err <= bound, f"{kind} norm {dtype}: relative error {err:.3e} > {bound:.1e} for {case}"
 
-    for case in examples:
-        norm_matches_reference = example(case=case)(norm_matches_reference)
-    if run_settings is not None:
-        norm_matches_reference = run_settings(norm_matches_reference)
-    norm_matches_reference()
+    run_property(norm_matches_reference, examples, run_settings)
 
 
 def edge_cases(dtype: torch.dtype) -> tuple[NormCase, ...]:
@@ -167,12 +164,8 @@ def _path_params(kind: str):
         for dtype in DTYPES:
             if dtype not in path.dtypes:
                 continue
-            why = path.unavailable_reason("cpu", dtype)
-            marks = []
-            if why is not None:
-                reason = f"{name} {dtype}: {why}; tested in {TESTED_ELSEWHERE.get(name, 'NOWHERE (see the test)')}"
-                marks = [pytest.mark.skip(reason=reason)]
-            yield pytest.param(kind, name, dtype, id=f"{kind}-{name}-{str(dtype).removeprefix('torch.')}", marks=marks)
+            yield pytest.param(kind, name, dtype, id=f"{kind}-{name}-{str(dtype).removeprefix('torch.')}",
+                               marks=cpu_skip_marks(name, path, dtype, TESTED_ELSEWHERE))
 
 
 def test_every_norm_path_has_a_tolerance_for_each_dtype_it_takes():

@@ -11,9 +11,6 @@ of `triton` and `fused` (eager, host launch cost included) to $GPU_REPORT_DIR/no
 """
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 import torch
 
@@ -22,7 +19,7 @@ from model.paths import LOW_PRECISION
 from model.tolerances import NORM_PATHS
 from tests.numerics.compare import assert_close
 from tests.numerics.test_norm import EPS, check_norm_path
-from tests.numerics.gpu_timing import eager_wall_us
+from tests.numerics.gpu_timing import eager_wall_us, write_gpu_report
 
 pytestmark = pytest.mark.gpu
 
@@ -111,8 +108,4 @@ def test_record_eager_time_per_call(kind, shape_name, rows):
 
 
 def teardown_module(module):
-    report_dir = os.environ.get("GPU_REPORT_DIR")
-    if report_dir and (REPORT["errors"] or REPORT["us_per_call"]):
-        os.makedirs(report_dir, exist_ok=True)
-        with open(os.path.join(report_dir, "norm_gpu.json"), "w") as f:
-            json.dump(REPORT, f, indent=2, sort_keys=True)
+    write_gpu_report("norm_gpu.json", REPORT)

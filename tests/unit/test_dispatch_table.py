@@ -13,7 +13,9 @@ from model.dispatch_table import (
     CHECKOUT_TABLE_DIR, DIR_ENV, SCHEMA, TABLE_ENV, DispatchTableError, choose_table, clear_table_cache,
     load_dispatch_table, table_file_name,
 )
-from model.gdn import GDN_RULE_PATHS, GDNState, gdn_layer, select_rule_path
+from model.gdn import (CONV_PATHS, GDN_RULE_PATHS, GDNState, gdn_layer, select_conv_path, select_gated_norm_path,
+                       select_rule_path)
+from model.norm import GATED_NORM_PATHS
 from model.moe import EXPERT_PATHS, MoEConfig, dispatch_experts, select_expert_path
 from patches import moe_experts
 from tests.numerics.gdn_attention_cases import TINY_GDN, generator, random_gdn_weights, randn
@@ -208,3 +210,49 @@ def test_the_plugin_status_names_the_table(use_table, tmp_path, monkeypatch):
     monkeypatch.setenv(TABLE_ENV, str(tmp_path / "missing.json"))
     with pytest.raises(DispatchTableError, match=TABLE_ENV):  # the status row then reads `failed`, with this
         moe_experts._table_detail()
+
+
+def test_without_a_table_the_gdn_conv_and_gated_norm_keep_their_defaults():
+    for device, dtype in ((None, None), ("cpu", F32), ("cpu", torch.bfloat16)):
+        assert [select_conv_path(t, device, dtype) for t in (1, 2, 64, 16384)] == ["update"] + ["prefill"] * 3
+        assert {select_gated_norm_path(n, device, dtype) for n in (1, 8, 16384)} == {"fused"}
+
+
+def test_a_table_recorded_before_the_stage_blocks_serves_their_defaults(use_table):
+    use_table(GDN_TABLE)
+    assert (select_conv_path(1, "cpu", F32), select_conv_path(64, "cpu", F32)) == ("update", "prefill")
+    assert select_gated_norm_path(64, "cpu", F32) == "fused"
+
+
+# Keyed so that a conv read by rows, or a norm read by tokens per sequence, would pick another path.
+STAGE_TABLE = {"gdn_conv": ranges((1, 1, "prefill"), (2, 2, "update"), (3, 4, "reference"), (5, None, "triton")),
+               "gdn_gated_norm": ranges((1, 5, "fused"), (6, None, "reference"))}
+
+
+def test_the_gdn_conv_and_gated_norm_follow_the_table_where_its_path_can_run(use_table):
+    use_table(STAGE_TABLE)
+    assert select_conv_path(1, "cpu", F32) == "prefill"
+    assert select_conv_path(4, "cpu", F32) == "reference"
+    assert select_conv_path(2, "cpu", F32) == "prefill", "update takes one token: the default"
+    assert select_conv_path(10, "cpu", F32) == "prefill", "triton needs CUDA (or the interpreter): the default"
+    assert select_conv_path(4, "cpu", torch.bfloat16) == "prefill", "a dtype the table was not measured in"
+    assert select_conv_path(4) == "prefill", "no device given: the default"
+    assert [select_gated_norm_path(n, "cpu", F32) for n in (5, 6, 10**6)] == ["fused", "reference", "reference"]
+
+
+def test_the_staged_gdn_layer_runs_the_tables_conv_by_tokens_and_its_gated_norm_by_rows(use_table):
+    use_table(STAGE_TABLE)
+    calls = []
+
+    def spy(table):
+        return {n: dataclasses.replace(p, fn=lambda *a, _f=p.fn, _n=n: (calls.append(_n), _f(*a))[1])
+                for n, p in table.items()}
+
+    gen = generator(0)
+    w = random_gdn_weights(gen, TINY_GDN, F32)
+    with patch.dict(CONV_PATHS, spy(CONV_PATHS)), patch.dict(GATED_NORM_PATHS, spy(GATED_NORM_PATHS)):
+        gdn_layer(randn(gen, 2, 3, TINY_GDN.hidden_size), w)  # T = 3 per sequence, 6 rows
+        gdn_layer(randn(gen, 1, 2, TINY_GDN.hidden_size), w)  # T = 2, 2 rows: update cannot take it
+        gdn_layer(randn(gen, 2, 1, TINY_GDN.hidden_size), w)  # one token: the decode layer's `staged`, 2 rows
+        gdn_layer(randn(gen, 2, 3, TINY_GDN.hidden_size), w, conv="prefill", norm="fused")  # forced
+    assert calls == ["reference", "reference", "prefill", "fused", "prefill", "fused", "prefill", "fused"], calls

@@ -31,3 +31,15 @@ def test_a_kernel_defined_here_reports_how_it_was_defined():
     assert triton_support.defined_interpreted(triton_router._route_topk_softmax_kernel) == triton_router.INTERPRETED
     # Triton chose from the environment at definition time.
     assert triton_router.INTERPRETED == (os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "on"))
+
+
+def test_a_kernel_module_missing_only_triton_imports_as_none(tmp_path, monkeypatch):
+    pkg = tmp_path / "kernels_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "needs_triton.py").write_text("raise ImportError('No module named triton', name='triton')\n")
+    (pkg / "broken.py").write_text("import no_such_module_here\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert triton_support.import_if_triton(".needs_triton", "kernels_pkg") is None
+    with pytest.raises(ImportError, match="no_such_module_here"):  # any other failure is not hidden
+        triton_support.import_if_triton(".broken", "kernels_pkg")

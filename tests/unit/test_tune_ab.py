@@ -91,12 +91,15 @@ def _timing(block, key, path, **more):
 @pytest.fixture(scope="module")
 def table(tmp_path_factory) -> Path:
     """A CPU table at tiny dims, written by hand (harness/tune/record.py's format): the routed experts on
-    SLOWED at T=2, a decode step at B=1, and timings that add the block at T=1 and the layer at B=1."""
+    SLOWED at T=2, a decode step at B=1, the staged layer's conv at T=1 and gated norm at 4 rows, and timings
+    that add the block at T=1 and the layer at B=1."""
     path = tmp_path_factory.mktemp("table") / "cpu.json"
     path.write_text(json.dumps({
         "schema": "qwen36-dispatch/2", "device": "cpu", "dtype": "float32", "recorded": {"dims": "tiny"},
         "blocks": {"moe_experts": {"keyed_by": "tokens", "ranges": [_range(SLOWED, 2, "moe_experts")]},
-                   "gdn_decode": {"keyed_by": "batch", "ranges": [_range("decode_step", 1, "gdn_decode")]}},
+                   "gdn_decode": {"keyed_by": "batch", "ranges": [_range("decode_step", 1, "gdn_decode")]},
+                   "gdn_conv": {"keyed_by": "tokens", "ranges": [_range("update", 1, "gdn_conv")]},
+                   "gdn_gated_norm": {"keyed_by": "tokens", "ranges": [_range("fused", 4, "gdn_gated_norm")]}},
         "timings": {"method": "hand-written for a test", "runs": [{"id": 0}],
                     "points": [_timing("moe_block", 1, SLOWED),
                                _timing("gdn_layer_decode", 1, "layer", rule="decode_step")]}}))
@@ -106,7 +109,9 @@ def table(tmp_path_factory) -> Path:
 def test_the_points_are_the_routine_gates(table):
     raw = json.loads(table.read_text())
     points = ab_points(plan_check(raw, recorded_points(raw["timings"]), full=False))
-    assert points == [{"block": "gdn_decode", "key": 1, "path": "decode_step"},
+    assert points == [{"block": "gdn_conv", "key": 1, "path": "update"},
+                      {"block": "gdn_decode", "key": 1, "path": "decode_step"},
+                      {"block": "gdn_gated_norm", "key": 4, "path": "fused"},
                       {"block": "moe_experts", "key": 2, "path": SLOWED},
                       {"block": "gdn_layer_decode", "key": 1, "path": "layer"},
                       {"block": "moe_block", "key": 1, "path": None}]  # None: as each side serves it
@@ -147,7 +152,8 @@ def test_a_slowed_path_in_head_fails_naming_it(table, tmp_path, capsys):
     assert all(r > 1 + FLOORS["eager"] for r in experts["ratios"]), experts["ratios"]
     assert any(line.startswith(f"SLOWER: moe_experts T=2 {SLOWED} (eager): ref ") for line in printed.out.splitlines())
     # Every point ran correctly on both sides, with the model each root holds and this checkout's harness.
-    assert {v["block"] for v in report["verdicts"]} == {"moe_experts", "moe_block", "gdn_decode", "gdn_layer_decode"}
+    assert {v["block"] for v in report["verdicts"]} == {"moe_experts", "moe_block", "gdn_decode", "gdn_layer_decode",
+                                                        "gdn_conv", "gdn_gated_norm"}
     assert not [v for v in report["verdicts"] if v["status"] in ("wrong", "error", "missing")]
     assert report["sides"]["head"]["model_file"] == str((head / "model" / "__init__.py").resolve())
     assert report["sides"]["ref"]["model_file"] == str(HEAD_ROOT / "model" / "__init__.py")

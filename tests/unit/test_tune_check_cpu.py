@@ -73,8 +73,31 @@ def test_add_run_records_this_check_as_another_run(recorded, tmp_path, capsys):
     assert [r["id"] for r in runs] == [0, 1] and runs[1]["device"] and "--add-run" in runs[1]["command"]
     # Every point the routine check timed now holds two runs of 3 sweeps.
     checked = [p for p in recorded_points(after["timings"]).values() if len(p.eager_runs) == 2]
-    assert {p.block for p in checked} >= {"moe_experts", "moe_block", "gdn_prefill", "gdn_decode", "gdn_layer_decode"}
+    assert {p.block for p in checked} >= {"moe_experts", "moe_block", "gdn_prefill", "gdn_decode", "gdn_layer_decode",
+                                          "gdn_conv", "gdn_gated_norm"}
     assert all(len(run) == 3 for p in checked for run in p.eager_runs)
+
+
+def test_a_conv_the_dispatcher_cannot_serve_fails_as_a_dispatch(recorded, tmp_path, capsys):
+    table = json.loads(json.dumps(recorded))
+    table["blocks"]["gdn_conv"]["ranges"][0]["path"] = "triton"  # compiles for CUDA: a CPU serves another
+    code, _ = check(tmp_path, table)
+    assert code == 1
+    assert "DISPATCH: gdn_conv at 1: the table names triton but the dispatcher serves" in capsys.readouterr().out
+
+
+def test_a_table_recorded_before_the_conv_and_gated_norm_blocks_is_checked_without_them(recorded, tmp_path, capsys):
+    stages = ("gdn_conv", "gdn_gated_norm")
+    old = json.loads(json.dumps(recorded))
+    old["blocks"] = {b: r for b, r in old["blocks"].items() if b not in stages}
+    old["timings"]["points"] = [p for p in old["timings"]["points"] if p["block"] not in stages]
+    code, _ = check(tmp_path, old)
+    capsys.readouterr()
+    report = json.loads((tmp_path / "report" / "check.json").read_text())
+    # Pass or not on these cores (timing noise may say SLOWER), nothing is missing, unserved or unrecorded.
+    assert code in (0, 1) and all(f.startswith("SLOWER: ") for f in report["failures"]), report["failures"]
+    assert not {v["block"] for v in report["verdicts"]} & set(stages)
+    assert any(v["block"] == "gdn_layer_prefill" for v in report["verdicts"])
 
 
 def test_no_table_for_this_device_is_refused_with_the_command_that_records_one(tmp_path, capsys):

@@ -9,10 +9,11 @@ import torch
 
 from harness.cli import main
 from model.dispatch_table import TABLE_ENV, clear_table_cache, load_dispatch_table
-from model.gdn import select_rule_path
+from model.gdn import select_conv_path, select_gated_norm_path, select_rule_path
 from model.moe import MoEConfig, select_expert_path
 
 MOE_POINTS, BLOCK_POINTS, PREFILL_POINTS, DECODE_POINTS = (1, 3, 16), (1,), (64,), (1, 4)
+CONV_POINTS, NORM_ROWS = (1, 64), (1, 4, 64)  # one token and the prefill points; the norm's rows add the batches
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +39,14 @@ def test_the_command_checks_every_available_path_and_writes_its_files(tuned):
     assert {(out / f).is_file() for f in ("tune.json", "tune.md", "cpu.json")} == {True}
     rows = report["rows"]
     for block, points in (("moe_experts", MOE_POINTS), ("moe_block", BLOCK_POINTS), ("gdn_prefill", PREFILL_POINTS),
-                          ("gdn_decode", DECODE_POINTS)):
+                          ("gdn_decode", DECODE_POINTS), ("gdn_conv", CONV_POINTS), ("gdn_gated_norm", NORM_ROWS)):
         assert {r["key"] for r in rows if r["block"] == block} == set(points), block
     ok = [r for r in rows if r["status"] == "ok" and r["bound"] is not None and r["block"] in
-          ("moe_experts", "moe_block", "gdn_prefill", "gdn_decode")]
+          ("moe_experts", "moe_block", "gdn_prefill", "gdn_decode", "gdn_conv", "gdn_gated_norm")]
     assert ok and all(r["err_eager"] <= r["bound"] for r in ok)
+    assert {(r["key"], r["path"]) for r in rows if r["block"] == "gdn_conv"} == \
+        {(1, "update"), (1, "prefill"), (64, "prefill")}, "update takes one token; triton needs CUDA here"
+    assert any("conv path triton" in n and "CUDA" in n for n in report["notes"]), report["notes"]
     assert {r["path"] for r in rows if r["block"] == "moe_experts" and r["key"] == 16} >= {"sorted", "tiny_bmm"}
     assert all(r["graph"] is None and "no CUDA graphs" in r["graph_note"] for r in ok)
     assert any("fla_recurrent" in n and "CUDA" in n for n in report["notes"]), report["notes"]
@@ -58,7 +62,8 @@ def test_the_table_holds_the_fastest_correct_path_at_each_point(tuned):
     _, out, report = tuned
     table = load_dispatch_table(out / "cpu.json")
     rows = report["rows"]
-    for block, points in (("moe_experts", MOE_POINTS), ("gdn_prefill", PREFILL_POINTS), ("gdn_decode", DECODE_POINTS)):
+    for block, points in (("moe_experts", MOE_POINTS), ("gdn_prefill", PREFILL_POINTS), ("gdn_decode", DECODE_POINTS),
+                          ("gdn_conv", CONV_POINTS), ("gdn_gated_norm", NORM_ROWS)):
         for key in points:
             source = "moe_block" if block == "moe_experts" and key in BLOCK_POINTS else block
             assert table.path_for(block, key, torch.float32) == fastest(rows, source, key), (block, key)
@@ -76,6 +81,22 @@ def test_the_dispatchers_follow_the_written_table(tuned, monkeypatch):
         for batch in (*DECODE_POINTS, 2, 300):
             assert select_rule_path(1, batch, "cpu", torch.float32) == table.path_for("gdn_decode", batch, torch.float32)
         assert select_rule_path(64, 1, "cpu", torch.float32) == table.path_for("gdn_prefill", 64, torch.float32)
+        for tokens in (*CONV_POINTS, 2, 100):
+            assert select_conv_path(tokens, "cpu", torch.float32) == table.path_for("gdn_conv", tokens, torch.float32)
+        for rows in (*NORM_ROWS, 2, 100):
+            assert select_gated_norm_path(rows, "cpu", torch.float32) == \
+                table.path_for("gdn_gated_norm", rows, torch.float32)
     finally:
         monkeypatch.delenv(TABLE_ENV)
         clear_table_cache()
+
+
+def test_the_layer_rows_run_the_conv_and_gated_norm_this_run_chose(tuned):
+    _, out, report = tuned
+    table = load_dispatch_table(out / "cpu.json")
+    layers = [r for r in report["rows"] if r["block"].startswith("gdn_layer") and r["path"] == "layer"]
+    assert layers
+    for r in layers:
+        tokens, rows = r["tokens"], r["batch"] * r["tokens"]
+        assert r["conv"] == table.path_for("gdn_conv", tokens, torch.float32), r
+        assert r["norm"] == table.path_for("gdn_gated_norm", rows, torch.float32), r

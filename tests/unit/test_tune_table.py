@@ -98,3 +98,23 @@ def test_the_gdn_decode_layer_ranks_whole_layers_only():
     verdicts = {v.target: v for v in judge_targets(rows)}
     eager = verdicts["GDN decode layer B=1, eager"]
     assert (eager.measured_us, eager.path, eager.met) == (90, "triton", True)  # not the 20 us stage
+
+
+def test_the_conv_ranges_give_update_its_one_token_and_the_gated_norm_is_keyed_by_rows(tmp_path):
+    rows = [row("gdn_conv", 1, "update", 30, 8), row("gdn_conv", 1, "triton", 40, 5),
+            row("gdn_conv", 1, "prefill", 90, 20), row("gdn_conv", 64, "prefill", 100, 30),
+            row("gdn_conv", 64, "triton", 50, 6), row("gdn_conv", 4096, "triton", 80, 40),
+            row("gdn_conv", 4096, "prefill", 900, 800, status="wrong"),
+            row("gdn_gated_norm", 1, "fused", 40, 10), row("gdn_gated_norm", 1, "triton", 20, 4),
+            row("gdn_gated_norm", 16384, "fused", 300, 290), row("gdn_gated_norm", 16384, "triton", 350, 200)]
+    eager = build_table(rows, "dev", "bfloat16", prefer_graph=False, recorded={})
+    # update wins T=1 eagerly but takes one token: the next best measured there takes T=2..63.
+    assert spans(eager, "gdn_conv") == [(1, 1, "update"), (2, None, "triton")]
+    assert spans(eager, "gdn_gated_norm") == [(1, 16383, "triton"), (16384, None, "fused")]
+    graph = build_table(rows, "dev", "bfloat16", prefer_graph=True, recorded={})
+    assert spans(graph, "gdn_conv") == [(1, None, "triton")]
+    assert spans(graph, "gdn_gated_norm") == [(1, None, "triton")]
+    assert graph["blocks"]["gdn_gated_norm"]["keyed_by"] == "tokens"
+    table = load_dispatch_table(write_table(graph, tmp_path / "t.json"))
+    assert table.path_for("gdn_conv", 7, None) == "triton" and table.path_for("gdn_gated_norm", 8, None) == "triton"
+

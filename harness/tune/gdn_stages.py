@@ -1,0 +1,135 @@
+"""The staged GDN layer's conv and gated-norm sweeps: every available path of model.gdn.CONV_PATHS (block
+`gdn_conv`, B = 1 and T tokens: the layer's q/k/v projection from a random conv state) and of
+model.norm.GATED_NORM_PATHS (block `gdn_gated_norm`, keyed by rows: B * T tokens of HV heads), each checked
+against its block's float64 reference (the conv's new state exactly, its initial state left alone).
+
+These paths allocate their outputs (their calling convention has no `out`), so a row keeps what the last call
+returned: the check reads it, and a CUDA graph's replay overwrites the outputs of its capture."""
+from __future__ import annotations
+
+from typing import Callable, Collection
+
+import torch
+
+from model import tolerances
+from model.gdn import CONV_PATHS, GDNDims
+from model.norm import GATED_NORM_PATHS
+
+from .ceilings import Ceilings
+from .floors import floor_of, gated_norm_work, gdn_conv_work
+from .inputs import gated_norm_inputs, gdn_conv_inputs
+from .measure import Measurement, Settings, check_error, measure
+
+__all__ = ["CONV_BLOCK", "NORM_BLOCK", "conv_points", "norm_points", "sweep_gdn_conv", "sweep_gated_norm",
+           "unavailable_stage_paths"]
+
+CONV_BLOCK, NORM_BLOCK = "gdn_conv", "gdn_gated_norm"
+PathsAt = Callable[[str, int], "Collection[str] | None"]
+
+
+def conv_points(prefill_tokens) -> tuple[int, ...]:
+    """The conv's points: one token (a decode step of the staged layer) and the prefill token counts."""
+    return tuple(sorted({1, *prefill_tokens}))
+
+
+def norm_points(prefill_tokens, decode_batches) -> tuple[int, ...]:
+    """The gated norm's rows: a prefill's tokens, or a decode step's sequences (one token each)."""
+    return tuple(sorted({*prefill_tokens, *decode_batches}))
+
+
+def unavailable_stage_paths(s: Settings) -> dict[str, str]:
+    """"conv path X" / "gated norm path X" -> why it cannot run here, for the report's notes."""
+    return {f"{what} {p.name}": why for what, table in (("conv path", CONV_PATHS), ("gated norm path", GATED_NORM_PATHS))
+            for p in table.candidates() if (why := p.unavailable_reason(s.device, s.dtype))}
+
+
+def _kept_outputs(run: Callable[[], object]):
+    """(call, reset, kept) for a path that returns its outputs. `call` first lets go of the outputs of the call
+    before (poisoned by `reset`), so an eager call of the same size is handed that memory back by the CUDA
+    caching allocator and must overwrite the NaN; a graph keeps its capture's outputs, which `reset` poisons
+    before each replay."""
+    kept: list[torch.Tensor] = []
+
+    def call():
+        kept.clear()
+        out = run()
+        kept.extend(out if isinstance(out, tuple) else (out,))
+
+    def reset():
+        for t in kept:
+            t.fill_(float("nan"))
+
+    return call, reset, kept
+
+
+def _bound(table: dict, name: str, s: Settings) -> float | None:
+    return table.get(name, {}).get(s.dtype)
+
+
+def _conv_point(tokens: int, d: GDNDims, s: Settings, ceilings: Ceilings, rows: list[Measurement],
+                only: Collection[str] | None) -> None:
+    x, weight, state = gdn_conv_inputs(1, tokens, d, s.dtype, s.device, seed=60_000 + tokens)
+    ref_y, ref_state = CONV_PATHS.reference.fn(x.double(), weight.double(), state.double())
+    ref_state = ref_state.to(state.dtype)
+    floor = floor_of(gdn_conv_work(1, tokens, d, x.element_size()), ceilings)
+    saved = state.clone()
+    for path in CONV_PATHS.candidates():
+        if (only is not None and path.name not in only) or not path.supports(tokens, s.dtype, s.device):
+            continue
+        m = Measurement(CONV_BLOCK, tokens, path.name, "error", floor=floor,
+                        bound=_bound(tolerances.GDN_CONV_PATHS, path.name, s), extra={"batch": 1, "tokens": tokens})
+        rows.append(m)
+        if m.bound is None:
+            m.detail = f"no {s.dtype} tolerance for conv path {path.name!r} in model/tolerances.py (GDN_CONV_PATHS)"
+            continue
+        call, reset, kept = _kept_outputs(lambda fn=path.fn: fn(x, weight, state))
+
+        def check(kept=kept):
+            if not torch.equal(state, saved):
+                state.copy_(saved)
+                return float("inf"), "modified its initial conv state"
+            y, new_state = kept
+            if not torch.equal(new_state, ref_state):
+                return float("inf"), "its new state is not the last W-1 inputs"
+            return check_error(y, ref_y), ""
+
+        measure(m, call, reset, check, s)
+
+
+def _norm_point(count: int, d: GDNDims, s: Settings, ceilings: Ceilings, rows: list[Measurement],
+                only: Collection[str] | None) -> None:
+    x, z, weight = gated_norm_inputs(count, d, s.dtype, s.device, seed=65_000 + count)
+    ref = GATED_NORM_PATHS.reference.fn(x.double(), weight.double(), d.eps, z.double())
+    floor = floor_of(gated_norm_work(count, d, x.element_size()), ceilings)
+    for path in GATED_NORM_PATHS.candidates():
+        if (only is not None and path.name not in only) or not path.supports(count, s.dtype, s.device):
+            continue
+        m = Measurement(NORM_BLOCK, count, path.name, "error", floor=floor,
+                        bound=_bound(tolerances.NORM_PATHS, path.name, s), extra={"rows": count})
+        rows.append(m)
+        if m.bound is None:
+            m.detail = f"no {s.dtype} tolerance for norm path {path.name!r} in model/tolerances.py (NORM_PATHS)"
+            continue
+        call, reset, kept = _kept_outputs(lambda fn=path.fn: fn(x, weight, d.eps, z))
+        measure(m, call, reset, lambda kept=kept: (check_error(kept[0], ref), ""), s)
+
+
+def sweep_gdn_conv(d: GDNDims, tokens, s: Settings, ceilings: Ceilings, tick: Callable[[str], None],
+                   rows: list[Measurement] | None = None, paths_at: PathsAt | None = None) -> list[Measurement]:
+    """Every conv path at each token count (B = 1). Appends to `rows` as it goes (a sweep stopped half way keeps
+    what it measured); `paths_at(block, key)` names the paths to time at a point (None: every candidate)."""
+    rows = [] if rows is None else rows
+    for t in tokens:
+        tick(f"gdn conv T={t}")
+        _conv_point(t, d, s, ceilings, rows, paths_at(CONV_BLOCK, t) if paths_at else None)
+    return rows
+
+
+def sweep_gated_norm(d: GDNDims, counts, s: Settings, ceilings: Ceilings, tick: Callable[[str], None],
+                     rows: list[Measurement] | None = None, paths_at: PathsAt | None = None) -> list[Measurement]:
+    """Every gated-norm path at each row count, as `sweep_gdn_conv` does for the conv."""
+    rows = [] if rows is None else rows
+    for n in counts:
+        tick(f"gdn gated norm rows={n}")
+        _norm_point(n, d, s, ceilings, rows, paths_at(NORM_BLOCK, n) if paths_at else None)
+    return rows
