@@ -48,6 +48,7 @@ __all__ = [
     "choose_table",
     "clear_table_cache",
     "load_dispatch_table",
+    "parse_dispatch_table",
     "table_choice_for",
     "table_file_name",
     "table_path_for",
@@ -138,7 +139,11 @@ def load_dispatch_table(path: str | Path) -> DispatchTable:
         raise DispatchTableError(f"dispatch table {path} cannot be read ({exc})") from None
     except json.JSONDecodeError as exc:
         raise DispatchTableError(f"dispatch table {path} is not JSON ({exc}); rewrite it with `qwen36 tune`") from None
-    source = str(path)
+    return parse_dispatch_table(raw, str(path))
+
+
+def parse_dispatch_table(raw, source: str) -> DispatchTable:
+    """A table from its JSON value (`source` names it in errors), checked as a file's is."""
     if not isinstance(raw, dict) or raw.get("schema") not in READABLE_SCHEMAS:
         raise DispatchTableError(f"{source}: schema is {raw.get('schema') if isinstance(raw, dict) else None!r}, "
                                  f"expected one of {READABLE_SCHEMAS}; rewrite it with `qwen36 tune`")

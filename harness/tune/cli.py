@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from model.dispatch_table import CHECKOUT_TABLE_DIR, table_file_name
+from model.dispatch_table import CHECKOUT_TABLE_DIR, DispatchTable, parse_dispatch_table, table_file_name
 from model.gdn import select_conv_path, select_gated_norm_path, select_rule_path
 
 from . import dims as D
@@ -155,7 +155,8 @@ def run(a) -> int:
                     sweep_gated_norm(dims.gdn, norm_rows, s, ceilings, progress.tick, rows)))
             if layer_points:
                 # The layer runs what this run's table serves (its ranges, token limits included), else defaults.
-                planned = build_table(merge_sweeps(rows), name, meta["dtype"], prefer_graph, recorded)["blocks"]
+                planned = parse_dispatch_table(build_table(merge_sweeps(rows), name, meta["dtype"], prefer_graph,
+                                                           recorded), "this run's table")
                 for i in passes:
                     verdicts = phase(f"gdn layer {i}/{sweeps}", lambda: time_gdn_layer(
                         dims.gdn, s, lambda b, t: _layer_rule(planned, b, t), progress.tick, layer_points, rows,
@@ -218,18 +219,15 @@ def _raise_terminated(signum, frame):
     raise Terminated(f"signal {signum}")
 
 
-def _planned(blocks: dict, block: str, key: int, default: str) -> str:
-    """The path a table's `blocks` (build_table's) serve `block` at `key` with, else the block's default."""
-    for r in blocks.get(block, {}).get("ranges", ()):
-        if r["from"] <= key and (r["to"] is None or key <= r["to"]):
-            return r["path"]
-    return default
+def _planned(table: DispatchTable, block: str, key: int, default: str) -> str:
+    """The path `table` serves `block` at `key` with, else the block's default."""
+    return table.path_for(block, key, None) or default
 
 
-def _layer_rule(blocks: dict, batch: int, tokens: int) -> str:
+def _layer_rule(table: DispatchTable, batch: int, tokens: int) -> str:
     """The rule path the table serves this layer call with, else the default."""
     block, key = ("gdn_decode", batch) if tokens == 1 else ("gdn_prefill", tokens)
-    return _planned(blocks, block, key, select_rule_path(tokens, batch))
+    return _planned(table, block, key, select_rule_path(tokens, batch))
 
 
 def _triton_version() -> str | None:

@@ -42,15 +42,19 @@ def select_rule_path(
     """The serving choice. Given the call's device and dtype, the device's dispatch table decides where it has
     a runnable entry (`gdn_decode` by batch for one token, `gdn_prefill` by token count otherwise); else the
     vectorised step for one token and the chunked form for a prefill."""
-    if device is not None and dtype is not None:
-        block, key = ("gdn_decode", batch) if num_tokens == 1 else ("gdn_prefill", num_tokens)
-        measured = table_path_for(
-            block, key, device, dtype,
-            lambda name: GDN_RULE_PATHS.can_run(name, num_tokens, dtype, device),
-        )
-        if measured is not None:
-            return measured
-    return "decode_step" if num_tokens == 1 else "chunked"
+    block, key = ("gdn_decode", batch) if num_tokens == 1 else ("gdn_prefill", num_tokens)
+    default = "decode_step" if num_tokens == 1 else "chunked"
+    return _served(GDN_RULE_PATHS, block, key, num_tokens, device, dtype, default)
+
+
+def _served(table, block: str, key: int, num_tokens: int, device, dtype, default: str) -> str:
+    """The dispatch table's runnable entry for `block` at `key`, given the call's device and dtype; else
+    `default` (no device or dtype given, no table, or an entry that cannot run the input)."""
+    if device is None or dtype is None:
+        return default
+    measured = table_path_for(block, key, device, dtype,
+                              lambda name: table.can_run(name, num_tokens, dtype, device))
+    return default if measured is None else measured
 
 
 def select_conv_path(
@@ -59,12 +63,8 @@ def select_conv_path(
     """The serving choice. Given the call's device and dtype, the device's dispatch table decides where it has
     a runnable entry (`gdn_conv`, by tokens per sequence); else the window shift for one token and the grouped
     conv1d for a prefill."""
-    if device is not None and dtype is not None:
-        measured = table_path_for("gdn_conv", num_tokens, device, dtype,
-                                  lambda name: CONV_PATHS.can_run(name, num_tokens, dtype, device))
-        if measured is not None:
-            return measured
-    return "update" if num_tokens == 1 else "prefill"
+    default = "update" if num_tokens == 1 else "prefill"
+    return _served(CONV_PATHS, "gdn_conv", num_tokens, num_tokens, device, dtype, default)
 
 
 def select_gated_norm_path(
@@ -73,12 +73,7 @@ def select_gated_norm_path(
     """The serving choice for the layer's gated RMSNorm over `rows` tokens (B * T: the norm does not care which
     sequence a row is of). Given the call's device and dtype, the device's dispatch table decides where it has a
     runnable entry (`gdn_gated_norm`); else `fused`."""
-    if device is not None and dtype is not None:
-        measured = table_path_for("gdn_gated_norm", rows, device, dtype,
-                                  lambda name: GATED_NORM_PATHS.can_run(name, rows, dtype, device))
-        if measured is not None:
-            return measured
-    return "fused"
+    return _served(GATED_NORM_PATHS, "gdn_gated_norm", rows, rows, device, dtype, "fused")
 
 
 def staged_layer(

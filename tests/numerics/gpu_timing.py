@@ -14,12 +14,14 @@ __all__ = ["eager_wall_us", "write_gpu_report"]
 
 
 def write_gpu_report(file_name: str, report: dict) -> None:
-    """`report` as JSON to $GPU_REPORT_DIR/file_name, when the variable is set and anything was measured."""
+    """`report` as JSON to $GPU_REPORT_DIR/file_name, with the device and torch version that measured it, when
+    the variable is set and anything was measured."""
     report_dir = os.environ.get("GPU_REPORT_DIR")
     if report_dir and any(report.values()):
         os.makedirs(report_dir, exist_ok=True)
+        machine = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
         with open(os.path.join(report_dir, file_name), "w") as f:
-            json.dump(report, f, indent=2, sort_keys=True)
+            json.dump({**report, **machine}, f, indent=2, sort_keys=True)
 
 
 def eager_wall_us(fn: Callable[[], object], calls: int = 200, warmup: int = 10) -> float:

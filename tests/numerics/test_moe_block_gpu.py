@@ -8,7 +8,6 @@ T = 1 and <= 50 us at T = 8) are asserted by the `timing` test alone, so the num
 from __future__ import annotations
 
 import json
-import os
 import statistics
 
 import pytest
@@ -18,7 +17,7 @@ from hypothesis import strategies as st
 from model import tolerances
 from model.moe import MOE_BLOCK_PATHS, MoEConfig, moe_block
 from tests.numerics.compare import assert_close
-from tests.numerics.gpu_timing import eager_wall_us
+from tests.numerics.gpu_timing import eager_wall_us, write_gpu_report
 from tests.numerics.moe_cases import (
     BLOCK_ROUTING_PATTERNS, MoECase, block_path_error, block_reference, check_block_path, make_block_weights,
     make_hidden, moe_cases,
@@ -183,9 +182,4 @@ def test_fused_block_times_at_decode_sizes():
 
 
 def teardown_module(module):
-    directory = os.environ.get("GPU_REPORT_DIR")
-    if directory:
-        REPORT["device"] = torch.cuda.get_device_name(0)
-        REPORT["torch"] = torch.__version__
-        with open(os.path.join(directory, "moe_block_gpu.json"), "w") as f:
-            json.dump(REPORT, f, indent=2, sort_keys=True)
+    write_gpu_report("moe_block_gpu.json", REPORT)

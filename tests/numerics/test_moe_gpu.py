@@ -6,8 +6,6 @@ to $GPU_REPORT_DIR/moe_gpu.json.
 """
 from __future__ import annotations
 
-import json
-import os
 import statistics
 
 import pytest
@@ -23,7 +21,7 @@ from tests.numerics.moe_cases import (
     ROUTING_PATTERNS, MoECase, block_reference, check_expert_path, expert_path_error, make_hidden, make_moe_weights,
     make_routing, moe_cases,
 )
-from tests.numerics.gpu_timing import eager_wall_us
+from tests.numerics.gpu_timing import eager_wall_us, write_gpu_report
 from tests.numerics.test_moe_router import (
     LOGIT_KINDS, RouterCase, check_router, make_logits, router_logit_cases, run_router_property,
 )
@@ -118,12 +116,7 @@ def test_expert_path_timings_at_real_per_rank_dims_are_recorded():
 
 
 def teardown_module(module):
-    directory = os.environ.get("GPU_REPORT_DIR")
-    if directory:
-        REPORT["device"] = torch.cuda.get_device_name(0)
-        REPORT["torch"] = torch.__version__
-        with open(os.path.join(directory, "moe_gpu.json"), "w") as f:
-            json.dump(REPORT, f, indent=2, sort_keys=True)
+    write_gpu_report("moe_gpu.json", REPORT)
 
 
 # --- the Triton paths: available here, and capturable in a CUDA graph ------------------------------------
