@@ -19,6 +19,7 @@ where query i sits at position q_start + i and key j at position j (S = q_start 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields, replace
 from typing import Mapping
 
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from .norm import RMS_NORM_PATHS, compute_dtype
 from .paths import ComputePath, PathTable
 from .rope import apply_partial_rope, rope_cos_sin
+from .rows import stack_rows, stacked_rows
 
 __all__ = [
     "AttentionDims",
@@ -43,6 +45,7 @@ __all__ = [
     "ATTENTION_HF_NAMES",
 ]
 
+QKV = ("q_proj", "k_proj", "v_proj")  # the projections the decode layer's single GEMM stacks, in its order
 ATTENTION_HF_NAMES = {
     "q_proj": "q_proj.weight",
     "k_proj": "k_proj.weight",
@@ -102,7 +105,14 @@ class AttentionWeights:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "dims"}
 
     def to(self, dtype: torch.dtype | None = None, device=None) -> "AttentionWeights":
-        return replace(self, **{k: v.to(device=device, dtype=dtype) for k, v in self.tensors().items()})
+        moved = {k: v.to(device=device, dtype=dtype) for k, v in self.tensors().items() if k not in QKV}
+        projections = tuple(getattr(self, name) for name in QKV)
+        stacked = stacked_rows(projections)
+        if stacked is None:
+            moved.update((name, t.to(device=device, dtype=dtype)) for name, t in zip(QKV, projections))
+        else:  # moved as one tensor, so they stay rows of one (see qkv_stacked)
+            moved.update(zip(QKV, stacked.to(device=device, dtype=dtype).split([t.shape[0] for t in projections])))
+        return replace(self, **moved)
 
     @classmethod
     def from_hf_state_dict(
@@ -113,10 +123,26 @@ class AttentionWeights:
             raise KeyError(f"attention state dict lacks {missing}; is {prefix!r} the right prefix?")
         if any(prefix + f"{p}.bias" in state for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
             raise ValueError(f"{prefix}: attention_bias=True checkpoints are not supported (Qwen3.5/3.6 has none)")
-        return cls(dims=dims, **{name: state[prefix + key] for name, key in ATTENTION_HF_NAMES.items()})
+        tensors = {name: state[prefix + key] for name, key in ATTENTION_HF_NAMES.items()}
+        # One tensor holds q/k/v (a second copy of them only while `state` lives), so the decode layer's stacked
+        # GEMM weight is a view of it and costs no memory (qkv_stacked).
+        tensors.update(zip(QKV, stack_rows(tuple(tensors[name] for name in QKV))))
+        return cls(dims=dims, **tensors)
 
     def to_hf_state_dict(self, prefix: str = "") -> dict[str, torch.Tensor]:
         return {prefix + key: getattr(self, name) for name, key in ATTENTION_HF_NAMES.items()}
+
+    @functools.cached_property
+    def qkv_stacked(self) -> torch.Tensor:
+        """[q_proj; k_proj; v_proj], [NH*2D + 2*NKV*D, hidden]: the decode layer's one input GEMM
+        (model.attention_decode). Memory: none when the three are consecutive rows of one tensor, as
+        `from_hf_state_dict` and `to` leave them (a view). Otherwise they are concatenated on first use and the
+        copy is kept on this object (not seen by later in-place edits of the three): a second copy of the
+        projections, (2048 + 2 * 256) * 2048 * 2 bytes = 10.5 MB per attention layer in bf16 at the per-rank
+        dims of Qwen3.6 under TP=4 (NH 4, NKV 1, D 256)."""
+        projections = tuple(getattr(self, name) for name in QKV)
+        stacked = stacked_rows(projections)
+        return torch.cat(projections) if stacked is None else stacked
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ __all__ = [
     "parse_dispatch_table",
     "table_choice_for",
     "table_file_name",
+    "served_path",
     "table_path_for",
 ]
 
@@ -68,8 +69,12 @@ CHECKOUT_TABLE_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "disp
 #   gdn_conv          the staged GDN layer's causal conv1d path (model.gdn.CONV_PATHS), by tokens per sequence
 #   gdn_gated_norm    the staged GDN layer's gated RMSNorm path (model.norm.GATED_NORM_PATHS), by rows: the
 #                     tokens of all sequences of the call (B * T)
+#   attention_layer_decode  the whole gated attention layer's decode path over a StaticKVCache
+#                     (model.attention_decode.ATTENTION_DECODE_LAYER_PATHS): `staged` or fused
+#   add_rms_norm      the residual add + RMSNorm between blocks (model.norm.ADD_RMS_NORM_PATHS), by rows (B * T)
 BLOCKS = {"moe_experts": "tokens", "moe_block": "tokens", "gdn_prefill": "tokens", "gdn_decode": "batch",
-          "gdn_layer_decode": "batch", "gdn_conv": "tokens", "gdn_gated_norm": "tokens"}
+          "gdn_layer_decode": "batch", "gdn_conv": "tokens", "gdn_gated_norm": "tokens",
+          "attention_layer_decode": "batch", "add_rms_norm": "tokens"}
 
 
 class DispatchTableError(ValueError):
@@ -226,6 +231,16 @@ def table_path_for(
         return None
     name = table.path_for(block, n, dtype)
     return name if name is not None and can_run(name) else None
+
+
+def served_path(paths, block: str, key: int, num_tokens: int, device, dtype, default: str) -> str:
+    """The dispatch table's entry for `block` at `key` where `paths` (a model.paths.PathTable) can run it for
+    `num_tokens` tokens on the call's device and dtype; else `default` (no device or dtype given, no table, or
+    an entry that cannot run the input)."""
+    if device is None or dtype is None:
+        return default
+    measured = table_path_for(block, key, device, dtype, lambda name: paths.can_run(name, num_tokens, dtype, device))
+    return default if measured is None else measured
 
 
 def clear_table_cache() -> None:

@@ -144,12 +144,57 @@ NORM_PATHS: dict[str, dict[torch.dtype, float]] = {
 }
 NORM_PATHS["triton"] = {F32: 1e-6, BF16: 8e-3, F16: 1e-3}
 
+# Residual add + zero-centred RMSNorm paths (model.norm.ADD_RMS_NORM_PATHS), both outputs against the float64
+# sum h64 + y64 and its norm: h_new is the sum rounded once to h's dtype (at most u: 2^-8 bf16, 2^-11 f16, 2^-24
+# f32), and normed is the norm of that rounded sum, so the sum's rounding adds to the norm's: a row's scale
+# absorbs the rounding's mean, leaving each element at most 2u off before the output's own rounding, 3u in all
+# (bf16 1.2e-2; 1.6e-2 under Triton's interpreter, whose float32 -> bfloat16 output cast truncates; float16
+# 1.5e-3): NORM_PATHS's 8e-3 and 1e-3 are under that, and random cases come close. Measured (CPU, 2026-12-06,
+# tests/numerics/test_add_rms_norm.py's cases; `fused` over 20000, `triton` under the interpreter over 3000,
+# half of them with H <= 4): normed max bf16 5.4e-3 fused, 7.3e-3 triton (median 1.7e-3, 3.3e-3); float16
+# 6.3e-4 / 5.8e-4; float32 1.9e-7 / 1.7e-7; h_new max 3.9e-3, 4.9e-4, 5.7e-8. Bounds over the 3u worst case;
+# float32 is NORM_PATHS's (5x over the worst seen). `triton` is held to bit equality besides (its h_new is
+# torch's h + y, its normed model.norm_triton's RMSNorm of it), which is what catches a wrong rounding.
+ADD_NORM_PATHS: dict[str, dict[torch.dtype, float]] = {
+    name: {F64: 1e-14, F32: 1e-6, BF16: 2e-2, F16: 2e-3} for name in ("reference", "fused")
+}
+ADD_NORM_PATHS["triton"] = {F32: 1e-6, BF16: 2e-2, F16: 2e-3}
+
 # Attention cores (model.attention.ATTENTION_CORES) and prefix-cached vs full recomputation.
 # Measured max: f32 2.1e-7, bf16 2.3e-3, f64 4e-16.
 ATTENTION_CORES: dict[str, dict[torch.dtype, float]] = {
     name: {F64: 1e-13, F32: 2e-6, BF16: 1.5e-2} for name in ("reference", "sdpa")
 }
 ATTENTION_PREFIX: dict[torch.dtype, float] = {F64: 1e-13, F32: 2e-6}
+
+# The attention decode layer paths (model.attention_decode.ATTENTION_DECODE_LAYER_PATHS, T == 1 over a
+# StaticKVCache) against the float64 reference layer: the output (ATTENTION_DECODE_LAYER) and the new key and value
+# each writes into the cache (ATTENTION_DECODE_LAYER_CACHE), on tests/numerics/test_attention_decode_layer.py's
+# cases (GQA groups 1, 2, 4; head_dim 16, 32; rotary a quarter, half or all of it; lengths 0..135; B 1..3).
+# Measured max (CPU, 2026-12-06, a loop over the test's decode_inputs and random cases; staged over 1500 cases a
+# dtype, triton under Triton's interpreter over 200):
+#   float64  output: staged 1.5e-15;  key, value: 0 (the same rounding to the cache dtype)
+#   float32  output: staged 5.0e-7, triton 4.4e-7 (medians 2.4e-7, 2.2e-7: the float32 GEMMs);
+#            key: 1.8e-7 / 1.5e-7;  value: 1.3e-7 / 1.2e-7
+#   bf16     output: staged 9.4e-3, triton 7.0e-3 (medians 4.6e-3, 4.1e-3);  key: 6.5e-3 / 6.3e-3;  value: 0
+#   float16  output: staged 1.35e-3, triton 5.4e-4;  key: 7.7e-4 / 6.1e-4;  value 1.2e-4 (both)
+# The low-precision errors are the output's and the key's rounding to the activation dtype (the interpreter
+# truncates float32 -> bfloat16 where the GPU rounds to nearest: about twice the GPU's bf16 key error). Bounds:
+# 2x to 3x over those in bf16 and float16; in float32 8x (output) and 10x (cache) over them, leaving room for the
+# real dims' K = 2048 GEMMs on the GPU (cuBLAS float32 at that K: ~4e-7, MOE_EXPERT_PATHS' note) while a path
+# 1e-5 off still fails; the float64 staged bound is the attention core's. The broken kernels of
+# tests/numerics/attention_decode_interpreter_checks.py are off by at least 4.9e-4 (output) or 8.8e-2 (key) in
+# float32 over 12 random cases each. The reference against itself is the same computation: no error.
+ATTENTION_DECODE_LAYER: dict[str, dict[torch.dtype, float]] = {
+    "reference": {F64: 0.0, F32: 0.0, BF16: 0.0, F16: 0.0},
+    "staged": {F64: ATTENTION_CORES["sdpa"][F64], F32: 4e-6, BF16: 2e-2, F16: 3e-3},
+    "triton": {F32: 4e-6, BF16: 2e-2, F16: 3e-3},
+}
+ATTENTION_DECODE_LAYER_CACHE: dict[str, dict[torch.dtype, float]] = {
+    "reference": {F64: 0.0, F32: 0.0, BF16: 0.0, F16: 0.0},
+    "staged": {F64: ATTENTION_CORES["sdpa"][F64], F32: 2e-6, BF16: 1.2e-2, F16: 2e-3},
+    "triton": {F32: 2e-6, BF16: 1.2e-2, F16: 2e-3},
+}
 
 # Sum of TP rank partials against the unsharded block, float64 (reassociation of out_proj/o_proj sums only).
 TP_GDN_ATTENTION_F64 = 1e-12

@@ -8,8 +8,12 @@ The per-round ratio B/A is what the verdict rests on. Writes a JSON of every rou
 
     python3 tools/step_path_ab.py --b router=triton_fused,norm=triton --batches 1,8 --rounds 12 --out ab.json
 
-`--a` and `--b` take `field=value` pairs of model.qwen36's Qwen36Paths (router, norm, moe_block,
-gdn_decode_layer, ...); a field not given keeps Qwen36Paths' default (the serving choice).
+`--a` and `--b` take `field=value` pairs of model.qwen36's Qwen36Paths (router, norm, add_norm, moe_block,
+gdn_decode_layer, attention_decode_layer, ...); a field not given keeps Qwen36Paths' default (the serving choice).
+The few-launch step against the one before the attention layer and the norms had theirs:
+
+    python3 tools/step_path_ab.py --a attention_decode_layer=staged,add_norm=fused \
+        --b attention_decode_layer=triton,add_norm=triton --batches 1,8,64 --rounds 6 --reps 10
 """
 from __future__ import annotations
 

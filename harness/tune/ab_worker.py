@@ -16,9 +16,10 @@ or {"fatal": "model" | "incompatible", "message"} and exits 2. Then, per request
     {"op": "measure", "point": {"block", "key", "path"}}
                                             -> {"rows": [...]}    (one sweep of that point: Measurement rows)
     {"op": "quit"} or end of input          -> exits 0
-Point blocks: moe_experts, gdn_prefill, gdn_decode, gdn_conv, gdn_gated_norm (the table's path there),
-moe_block (path: as served here), gdn_layer_decode / gdn_layer_prefill (the whole layer, its paths as served
-here).
+Point blocks: moe_experts, gdn_prefill, gdn_decode, gdn_conv, gdn_gated_norm, attention_layer_decode,
+add_rms_norm (the table's path there), moe_block (path: as served here), gdn_layer_decode / gdn_layer_prefill
+(the whole layer, its paths as served here). A reference whose `model` predates the attention decode layer or the
+add + RMSNorm answers those points as missing.
 """
 from __future__ import annotations
 
@@ -160,6 +161,22 @@ def _point_timer(a) -> Callable[[dict], list[dict]]:
             if why:
                 return [_missing(block, key, path, why)]
             sweep(dims.gdn, [key], s, ceilings, quiet, rows, paths_at=lambda b, k: {path})
+        elif block in ("attention_layer_decode", "add_rms_norm"):
+            try:  # harness.tune.step_blocks imports model.attention_decode and model.norm's add + RMSNorm
+                from . import step_blocks
+            except ImportError as exc:
+                return [_missing(block, key, path, f"this side's model has no {block} paths: {exc}")]
+            attention = block == "attention_layer_decode"
+            registry = step_blocks.ATTENTION_DECODE_LAYER_PATHS if attention else step_blocks.ADD_RMS_NORM_PATHS
+            why = why_not(registry, path, 1 if attention else key)
+            if why:
+                return [_missing(block, key, path, why)]
+            if attention:
+                step_blocks.sweep_attention_layer(dims.attention, [key], D.attention_context(dims), s, ceilings,
+                                                  quiet, rows, paths_at=lambda b, k: {path})
+            else:
+                step_blocks.sweep_add_rms_norm(dims.attention.hidden_size, dims.attention.eps, [key], s, ceilings,
+                                               quiet, rows, paths_at=lambda b, k: {path})
         elif block in LAYER_BLOCKS:
             batch, tokens = (key, 1) if block == "gdn_layer_decode" else (1, key)
             time_gdn_layer(dims.gdn, s, lambda b, t: select_rule_path(t, b, device, dtype), quiet, [(batch, tokens)],

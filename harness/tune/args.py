@@ -30,9 +30,10 @@ def _positive(text: str) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", nargs="?", choices=("all", "moe", "gdn", "step"), default="all",
+    p.add_argument("target", nargs="?", choices=("all", "moe", "gdn", "attention", "norm", "step"), default="all",
                    help="moe: routed experts + whole block; gdn: delta rule, the staged layer's conv and gated "
-                        "norm, and the layer by stage; all: both; "
+                        "norm, and the layer by stage; attention: the full-attention layer at one token per "
+                        "sequence; norm: the residual add + RMSNorm between blocks; all: every one of these; "
                         "step: the whole per-rank decode step, eager, by block kind (writes no table)")
     p.add_argument("--device", default=None, help="default: cuda when there is one, else cpu")
     p.add_argument("--dtype", choices=("bfloat16", "float32", "float16"), default=None,
@@ -48,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gdn-prefill-tokens", type=_ints, default=None,
                    help="default: 64,128,...,16384 (the conv's points too, with T=1, and the gated norm's rows)")
     p.add_argument("--gdn-decode-batches", type=_ints, default=None,
-                   help="default: 1,8,64,256 (the gated norm's rows too)")
+                   help="default: 1,8,64,256 (the gated norm's and the add + RMSNorm's rows too, and the "
+                        "attention decode layer's batches)")
     p.add_argument("--no-layer", action="store_true", help="gdn: skip the layer's stage-by-stage timing")
     p.add_argument("--step-batches", type=_ints, default=None, help="step: decode batch sizes (default: 1,8,64)")
     p.add_argument("--step-prefill", type=_positive, default=None,
@@ -56,9 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--router", default=None,
                    help="step: the router path the model runs (model.moe ROUTERS; default: the model's, topk_softmax)")
     p.add_argument("--norm", default=None,
-                   help="step: force one RMSNorm and gated RMSNorm path (model.norm's tables). Default: `fused` for "
-                        "the RMSNorms and the served choice for the GDN gated norm. A forced path also keeps "
-                        "the GDN decode layer staged")
+                   help="step: force one path of every RMSNorm (model.norm's tables: the residual add + RMSNorm "
+                        "between blocks, the q/k norms, the GDN gated norm). Default: the served choice of each. A "
+                        "forced path also keeps the GDN and attention decode layers staged")
     p.add_argument("--reps", type=int, default=20, help="timed samples per path and point (median reported)")
     p.add_argument("--sweeps", type=_positive, default=3,
                    help="passes over every point (each a median of --reps samples); the table keeps every pass, "

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import torch
 
+from model.attention_decode import select_attention_decode_layer_path
 from model.dispatch_table import TABLE_ENV, clear_table_cache
 from model.gdn import select_conv_path, select_decode_layer_path, select_gated_norm_path, select_rule_path
 from model.moe import MoEConfig, select_block_path, select_expert_path
+from model.norm import select_add_rms_norm_path
 
 from . import dims as D
 from .add_run import add_run
@@ -38,6 +40,7 @@ from .progress import Progress
 from .prune import Pruner
 from .record import RecordedPoint, run_meta
 from .report import verdict_sections
+from .step_blocks import sweep_add_rms_norm, sweep_attention_layer
 from .sweeps import merge_sweeps
 from .timing import L2Flusher, device_identity, warm_device
 
@@ -46,7 +49,8 @@ __all__ = ["run_check"]
 # The dispatch blocks that choose a whole block's path (harness/tune/block_rows.py).
 WHOLE_BLOCKS = ("moe_block", "gdn_layer_decode")
 # The dispatch blocks timed path by path at their own points (the full check times the others beside the choice).
-PATH_BLOCKS = ("moe_experts", "gdn_prefill", "gdn_decode", "gdn_conv", "gdn_gated_norm")
+PATH_BLOCKS = ("moe_experts", "gdn_prefill", "gdn_decode", "gdn_conv", "gdn_gated_norm", "attention_layer_decode",
+               "add_rms_norm")
 
 def _refuse(message: str) -> int:
     print(f"qwen36 tune --check: {message}", file=sys.stderr)
@@ -129,7 +133,7 @@ def _measure(plan: CheckPlan, dims: D.TuneDims, s: Settings, a, ceilings) -> lis
     rows: list[Measurement] = []
     progress = Progress(a.sweeps * plan.points(), enabled=not a.no_progress)
     never = Pruner(float("inf"), True)
-    gdn_paths_at = lambda block, key: getattr(plan, block).get(key)  # noqa: E731  (the GDN sweeps' filter)
+    gdn_paths_at = lambda block, key: getattr(plan, block).get(key)  # noqa: E731  (the (block, key) sweeps' filter)
     try:
         warm_device(s.device)
         for _ in range(a.sweeps):  # whole passes: a point's sweeps are minutes apart, not back to back
@@ -141,6 +145,12 @@ def _measure(plan: CheckPlan, dims: D.TuneDims, s: Settings, a, ceilings) -> lis
             if plan.gdn_gated_norm:
                 sweep_gated_norm(dims.gdn, sorted(plan.gdn_gated_norm), s, ceilings, progress.tick, rows,
                                  gdn_paths_at)
+            if plan.attention_layer_decode:
+                sweep_attention_layer(dims.attention, sorted(plan.attention_layer_decode), D.attention_context(dims),
+                                      s, ceilings, progress.tick, rows, gdn_paths_at)
+            if plan.add_rms_norm:
+                sweep_add_rms_norm(dims.attention.hidden_size, dims.attention.eps, sorted(plan.add_rms_norm), s,
+                                   ceilings, progress.tick, rows, gdn_paths_at)
             if plan.layer_points:
                 time_gdn_layer(dims.gdn, s, lambda b, t: select_rule_path(t, b, s.device, s.dtype), progress.tick,
                                plan.layer_points, rows,
@@ -167,6 +177,10 @@ def _served(block: str, key: int, device, dtype) -> str:
         return select_conv_path(key, device, dtype)
     if block == "gdn_gated_norm":
         return select_gated_norm_path(key, device, dtype)
+    if block == "attention_layer_decode":
+        return select_attention_decode_layer_path(key, device, dtype)
+    if block == "add_rms_norm":
+        return select_add_rms_norm_path(key, device, dtype)
     return select_rule_path(1, key, device, dtype) if block == "gdn_decode" else select_rule_path(key, 1, device, dtype)
 
 

@@ -6,16 +6,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from model.attention_decode import select_attention_decode_layer_path
 from model.gdn import select_conv_path, select_gated_norm_path
+from model.norm import select_add_rms_norm_path
 
 from .record import RecordedPoint
 
 __all__ = ["CheckPlan", "layer_paths_to_time", "plan_check", "ranking_block"]
 
 MOE_BLOCK, LAYER_BLOCKS = "moe_block", ("gdn_layer_decode", "gdn_layer_prefill")
-# The staged GDN layer's dispatched stages, and the path each serves where a table has no entry (no device given:
-# the model's default).
-STAGE_DEFAULTS = {"gdn_conv": select_conv_path, "gdn_gated_norm": select_gated_norm_path}
+# The blocks added to the table after tables were recorded without them (the staged GDN layer's stages, the
+# attention decode layer, the add + RMSNorm), and the path each serves where a table has no entry (no device
+# given: the model's default).
+STAGE_DEFAULTS = {"gdn_conv": select_conv_path, "gdn_gated_norm": select_gated_norm_path,
+                  "attention_layer_decode": select_attention_decode_layer_path,
+                  "add_rms_norm": select_add_rms_norm_path}
 
 
 @dataclass
@@ -28,6 +33,8 @@ class CheckPlan:
     gdn_layer_decode: dict[int, set[str] | None] = field(default_factory=dict)  # batch -> decode-layer paths
     gdn_conv: dict[int, set[str] | None] = field(default_factory=dict)  # tokens -> conv paths
     gdn_gated_norm: dict[int, set[str] | None] = field(default_factory=dict)  # rows -> gated-norm paths
+    attention_layer_decode: dict[int, set[str] | None] = field(default_factory=dict)  # batch -> attention paths
+    add_rms_norm: dict[int, set[str] | None] = field(default_factory=dict)  # rows -> add + RMSNorm paths
     layer_points: list[tuple[int, int]] = field(default_factory=list)  # (batch, tokens)
     dispatched: dict[tuple[str, int], str] = field(default_factory=dict)  # (block, key) -> the table's path
     # Full check, a table without a stage block: (block, key) -> the path served there without an entry.
@@ -35,7 +42,8 @@ class CheckPlan:
 
     def points(self) -> int:
         return (len(self.moe_experts) + len(self.moe_block) + len(self.gdn_prefill) + len(self.gdn_decode)
-                + len(self.gdn_conv) + len(self.gdn_gated_norm) + len(self.layer_points))
+                + len(self.gdn_conv) + len(self.gdn_gated_norm) + len(self.attention_layer_decode)
+                + len(self.add_rms_norm) + len(self.layer_points))
 
     def paths_at(self, block: str):
         """The sweeps' filter for `block`: key -> the names to time (None for every path)."""
@@ -80,12 +88,14 @@ def plan_check(raw_table: dict, recorded: dict[tuple[str, int, str], RecordedPoi
 
 
 def _add_undispatched_stages(plan: CheckPlan, raw_table: dict) -> None:
-    """A table recorded before `gdn_conv` / `gdn_gated_norm` existed serves each stage's default: time every
-    path of the stage at the GDN points the table has (conv: one token and the prefill token counts; gated
-    norm: the prefill token counts and the decode batches, as rows), so the table is stale where another wins."""
+    """A table recorded before a STAGE_DEFAULTS block existed serves that block's default: time every path of the
+    block at the GDN points the table has (conv: one token and the prefill token counts; gated norm and add +
+    RMSNorm: the prefill token counts and the decode batches, as rows; the attention decode layer: the decode
+    batches), so the table is stale where another wins."""
     prefill = {key for block, key in plan.dispatched if block == "gdn_prefill"}
     decode = {key for block, key in plan.dispatched if block == "gdn_decode"}
-    wanted = {"gdn_conv": {1} | prefill if prefill else set(), "gdn_gated_norm": prefill | decode}
+    wanted = {"gdn_conv": {1} | prefill if prefill else set(), "gdn_gated_norm": prefill | decode,
+              "attention_layer_decode": decode, "add_rms_norm": prefill | decode}
     for block, keys in wanted.items():
         if block in raw_table.get("blocks", {}):
             continue

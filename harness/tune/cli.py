@@ -25,6 +25,7 @@ from .progress import Progress
 from .prune import Pruner
 from .record import new_timings, run_meta
 from .report import format_rows, layer_breakdown, write_report
+from .step_blocks import sweep_add_rms_norm, sweep_attention_layer, unavailable_step_block_paths
 from .sweeps import merge_sweeps
 from .table import build_table, write_table
 from .targets import judge_targets
@@ -66,10 +67,13 @@ def run(a) -> int:
     layer_points = () if a.no_layer else (LAYER_POINTS if real else TINY_LAYER_POINTS)
     conv_tokens, norm_rows = conv_points(prefill), norm_points(prefill, decode)
     do_gdn, do_moe = a.target in ("all", "gdn"), a.target in ("all", "moe")
+    do_attention, do_norm = a.target in ("all", "attention"), a.target in ("all", "norm")
+    context = D.attention_context(dims)
     sweeps = 1 if a.sweep_configs else a.sweeps  # a config sweep ranks configs, not paths: one pass
     graphed_tokens = graphed_block_tokens(block_tokens, device)
     steps = sweeps * ((len(prefill) + len(decode) + len(conv_tokens) + len(norm_rows) + len(layer_points)) * do_gdn
-                      + (len(moe_tokens) + 2 * len(block_tokens) + len(graphed_tokens)) * do_moe)
+                      + (len(moe_tokens) + 2 * len(block_tokens) + len(graphed_tokens)) * do_moe
+                      + len(decode) * do_attention + len(norm_rows) * do_norm)
     if a.sweep_configs:
         from . import config_sweep
 
@@ -162,6 +166,16 @@ def run(a) -> int:
                         dims.gdn, s, lambda b, t: _layer_rule(planned, b, t), progress.tick, layer_points, rows,
                         conv_for=lambda b, t: _planned(planned, "gdn_conv", t, select_conv_path(t)),
                         norm_for=lambda b, t: _planned(planned, "gdn_gated_norm", b * t, select_gated_norm_path(b * t))))
+        if do_attention or do_norm:
+            notes.extend(f"{n} unavailable: {why}" for n, why in unavailable_step_block_paths(s).items())
+        if do_attention:
+            for i in passes:
+                verdicts = phase(f"attention decode layer sweep {i}/{sweeps}", lambda: sweep_attention_layer(
+                    dims.attention, decode, context, s, ceilings, progress.tick, rows))
+        if do_norm:
+            for i in passes:
+                verdicts = phase(f"add + rms norm sweep {i}/{sweeps}", lambda: sweep_add_rms_norm(
+                    dims.attention.hidden_size, dims.attention.eps, norm_rows, s, ceilings, progress.tick, rows))
         if a.sweep_configs:
             verdicts = phase("moe config sweep", lambda: config_sweep.sweep_configs(
                 dims.moe, moe_tokens, s, ceilings, config_pruners, progress.tick, rows, notes, a.compile_workers))

@@ -14,7 +14,7 @@ from .ceilings import Ceilings
 from .dims import MoEDims
 
 __all__ = ["Work", "Floor", "floor_of", "moe_experts_work", "moe_block_work", "gdn_rule_work", "gdn_conv_work",
-           "gated_norm_work", "moe_dims_of",
+           "gated_norm_work", "attention_decode_work", "add_rms_norm_work", "moe_dims_of",
            "expected_distinct_experts", "gdn_decode_bytes", "attention_decode_bytes", "rms_norm_bytes",
            "lm_head_bytes", "embed_bytes", "dense_mlp_bytes", "decode_step_bytes"]
 
@@ -84,6 +84,21 @@ def gated_norm_work(rows: int, d: GDNDims, elem: int) -> Work:
     return Work((3 * rows * per_row + d.head_v_dim) * elem, 10.0 * rows * per_row)
 
 
+def attention_decode_work(batch: int, context: int, d: AttentionDims, elem: int) -> Work:
+    """One full-attention decode layer (attention_decode_bytes); FLOPs: the four projections (2 a weight and
+    sequence) and, per query head, q k^T and p v over the `context` + 1 keys (4 D each)."""
+    q, kv = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
+    projections = 2.0 * batch * d.hidden_size * (2 * q + 2 * kv + q)
+    scores = 4.0 * batch * d.num_heads * d.head_dim * (context + 1)
+    return Work(attention_decode_bytes(batch, context, d, elem), projections + scores)
+
+
+def add_rms_norm_work(rows: int, hidden: int, elem: int) -> Work:
+    """The residual add and the zero-centred RMSNorm after it: h and y in, the sum and the normed rows out, the
+    weight; about 6 operations an element (add, square, sum, scale, 1 + w, multiply)."""
+    return Work((4 * rows * hidden + hidden) * elem, 6.0 * rows * hidden)
+
+
 # --- one decode step of the whole model (T = 1 per sequence, B sequences), bytes per block kind -------------
 
 def moe_dims_of(cfg: Qwen36Config) -> MoEDims:
@@ -138,7 +153,8 @@ def decode_step_bytes(cfg: Qwen36Config, batch: int, context: int, elem: int, st
     one included), per block kind of model.qwen36.model.TRACE_KINDS, summed over the layers of `cfg` (a
     per-rank config gives one rank's). The MoE block reads its router, shared expert and gate, and the
     experts `expected_distinct_experts` says the batch visits; the norms are the two per layer and the final
-    one (q/k norms and the gated norm are counted in their mixer). No communication."""
+    one, each but the first with the residual add before it (q/k norms and the gated norm are counted in their
+    mixer). No communication."""
     out: dict[str, float] = defaultdict(float)
     out["embed"] = embed_bytes(batch, cfg.hidden_size, elem)
     moe = moe_dims_of(cfg)
@@ -152,6 +168,7 @@ def decode_step_bytes(cfg: Qwen36Config, batch: int, context: int, elem: int, st
             out["moe"] += moe_block_work(batch, distinct, moe, elem).bytes
         else:
             out["mlp"] += dense_mlp_bytes(batch, cfg.hidden_size, cfg.intermediate_size, elem)
-    out["norm"] = (2 * cfg.num_hidden_layers + 1) * rms_norm_bytes(batch, cfg.hidden_size, elem)
+    out["norm"] = (rms_norm_bytes(batch, cfg.hidden_size, elem)
+                   + 2 * cfg.num_hidden_layers * add_rms_norm_work(batch, cfg.hidden_size, elem).bytes)
     out["lm_head"] = lm_head_bytes(batch, cfg.vocab_size, cfg.hidden_size, elem)
     return dict(out)

@@ -23,12 +23,13 @@ __all__ = ["FLOORS", "MIN_SWEEPS", "point_name", "bounds", "tolerance", "PointVe
            "StaleVerdict", "judge_stale"]
 
 FLOORS = {"graph": 0.10, "eager": 0.15}
+BATCH_KEYED = ("gdn_decode", "gdn_layer_decode", "attention_layer_decode")  # one token per sequence, keyed by B
 MIN_SWEEPS = 3
 
 
 def point_name(block: str, key: int) -> str:
     """`moe_experts T=8`, `gdn_decode B=1`: decode blocks are keyed by batch, the others by tokens."""
-    return f"{block} {'B' if block in ('gdn_decode', 'gdn_layer_decode') else 'T'}={key}"
+    return f"{block} {'B' if block in BATCH_KEYED else 'T'}={key}"
 
 
 def bounds(recorded: list[float], mode: str) -> tuple[float, float]:

@@ -18,7 +18,7 @@ from model.norm import GATED_NORM_PATHS
 from .ceilings import Ceilings
 from .floors import floor_of, gated_norm_work, gdn_conv_work
 from .inputs import gated_norm_inputs, gdn_conv_inputs
-from .measure import Measurement, Settings, check_error, measure
+from .measure import Measurement, Settings, check_error, kept_outputs, measure, tolerance_for
 
 __all__ = ["CONV_BLOCK", "NORM_BLOCK", "conv_points", "norm_points", "sweep_gdn_conv", "sweep_gated_norm",
            "unavailable_stage_paths"]
@@ -43,29 +43,6 @@ def unavailable_stage_paths(s: Settings) -> dict[str, str]:
             for p in table.candidates() if (why := p.unavailable_reason(s.device, s.dtype))}
 
 
-def _kept_outputs(run: Callable[[], object]):
-    """(call, reset, kept) for a path that returns its outputs. `call` first lets go of the outputs of the call
-    before (poisoned by `reset`), so an eager call of the same size is handed that memory back by the CUDA
-    caching allocator and must overwrite the NaN; a graph keeps its capture's outputs, which `reset` poisons
-    before each replay."""
-    kept: list[torch.Tensor] = []
-
-    def call():
-        kept.clear()
-        out = run()
-        kept.extend(out if isinstance(out, tuple) else (out,))
-
-    def reset():
-        for t in kept:
-            t.fill_(float("nan"))
-
-    return call, reset, kept
-
-
-def _bound(table: dict, name: str, s: Settings) -> float | None:
-    return table.get(name, {}).get(s.dtype)
-
-
 def _conv_point(tokens: int, d: GDNDims, s: Settings, ceilings: Ceilings, rows: list[Measurement],
                 only: Collection[str] | None) -> None:
     x, weight, state = gdn_conv_inputs(1, tokens, d, s.dtype, s.device, seed=60_000 + tokens)
@@ -77,12 +54,12 @@ def _conv_point(tokens: int, d: GDNDims, s: Settings, ceilings: Ceilings, rows: 
         if (only is not None and path.name not in only) or not path.supports(tokens, s.dtype, s.device):
             continue
         m = Measurement(CONV_BLOCK, tokens, path.name, "error", floor=floor,
-                        bound=_bound(tolerances.GDN_CONV_PATHS, path.name, s), extra={"batch": 1, "tokens": tokens})
+                        bound=tolerance_for(tolerances.GDN_CONV_PATHS, path.name, s), extra={"batch": 1, "tokens": tokens})
         rows.append(m)
         if m.bound is None:
             m.detail = f"no {s.dtype} tolerance for conv path {path.name!r} in model/tolerances.py (GDN_CONV_PATHS)"
             continue
-        call, reset, kept = _kept_outputs(lambda fn=path.fn: fn(x, weight, state))
+        call, reset, kept = kept_outputs(lambda fn=path.fn: fn(x, weight, state))
 
         def check(kept=kept):
             if not torch.equal(state, saved):
@@ -105,12 +82,12 @@ def _norm_point(count: int, d: GDNDims, s: Settings, ceilings: Ceilings, rows: l
         if (only is not None and path.name not in only) or not path.supports(count, s.dtype, s.device):
             continue
         m = Measurement(NORM_BLOCK, count, path.name, "error", floor=floor,
-                        bound=_bound(tolerances.NORM_PATHS, path.name, s), extra={"rows": count})
+                        bound=tolerance_for(tolerances.NORM_PATHS, path.name, s), extra={"rows": count})
         rows.append(m)
         if m.bound is None:
             m.detail = f"no {s.dtype} tolerance for norm path {path.name!r} in model/tolerances.py (NORM_PATHS)"
             continue
-        call, reset, kept = _kept_outputs(lambda fn=path.fn: fn(x, weight, d.eps, z))
+        call, reset, kept = kept_outputs(lambda fn=path.fn: fn(x, weight, d.eps, z))
         measure(m, call, reset, lambda kept=kept: (check_error(kept[0], ref), ""), s)
 
 

@@ -15,6 +15,7 @@ from model.attention import AttentionDims, AttentionWeights
 from model.gdn import GDNDims, GDNWeights, gdn_gating
 from model.moe import MoEWeights, route_reference
 from model.qwen36 import DenseMLPWeights, LayerWeights, Qwen36Config, Qwen36Weights
+from model.rows import stack_rows
 from model.tp import check_divisible, kv_heads_for_rank
 
 from .dims import MoEDims
@@ -98,11 +99,14 @@ def gated_norm_inputs(rows: int, d: GDNDims, dtype: torch.dtype, device: torch.d
 def gdn_weights(d: GDNDims, dtype: torch.dtype, device: torch.device, seed: int = 2) -> GDNWeights:
     gen = generator(device, seed)
     h = d.hidden_size
+    # Rows of one tensor, as a loaded checkpoint's are: the decode layer's stacked GEMM weight is then a view.
+    qkv, z, b, a = stack_rows(tuple(_randn(gen, (rows, h), device, dtype, h**-0.5)
+                                    for rows in (d.conv_dim, d.value_dim, d.num_v_heads, d.num_v_heads)))
     return GDNWeights(
-        in_proj_qkv=_randn(gen, (d.conv_dim, h), device, dtype, h**-0.5),
-        in_proj_z=_randn(gen, (d.value_dim, h), device, dtype, h**-0.5),
-        in_proj_b=_randn(gen, (d.num_v_heads, h), device, dtype, h**-0.5),
-        in_proj_a=_randn(gen, (d.num_v_heads, h), device, dtype, h**-0.5),
+        in_proj_qkv=qkv,
+        in_proj_z=z,
+        in_proj_b=b,
+        in_proj_a=a,
         conv1d=_randn(gen, (d.conv_dim, d.conv_kernel), device, dtype, 0.5),
         A_log=(torch.rand(d.num_v_heads, generator=gen, device=device) * (16 - 0.01) + 0.01).log().to(dtype),
         dt_bias=(1.0 + _randn(gen, (d.num_v_heads,), device, torch.float32, 0.5)).to(dtype),
@@ -119,10 +123,12 @@ def gdn_hidden(batch: int, tokens: int, d: GDNDims, dtype: torch.dtype, device: 
 def attention_weights(d: AttentionDims, dtype: torch.dtype, device: torch.device, seed: int = 3) -> AttentionWeights:
     gen = generator(device, seed)
     h, heads, kv = d.hidden_size, d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
+    # Rows of one tensor, as a loaded checkpoint's are: the decode layer's stacked GEMM weight is then a view.
+    q, k, v = stack_rows(tuple(_randn(gen, (rows, h), device, dtype, h**-0.5) for rows in (2 * heads, kv, kv)))
     return AttentionWeights(
-        q_proj=_randn(gen, (2 * heads, h), device, dtype, h**-0.5),
-        k_proj=_randn(gen, (kv, h), device, dtype, h**-0.5),
-        v_proj=_randn(gen, (kv, h), device, dtype, h**-0.5),
+        q_proj=q,
+        k_proj=k,
+        v_proj=v,
         o_proj=_randn(gen, (h, heads), device, dtype, heads**-0.5),
         q_norm=_randn(gen, (d.head_dim,), device, dtype, NORM_SCALE),
         k_norm=_randn(gen, (d.head_dim,), device, dtype, NORM_SCALE),

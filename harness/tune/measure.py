@@ -10,7 +10,7 @@ import torch
 from .floors import Floor
 from .timing import L2Flusher, Timing, capture_graph, time_eager, time_graph
 
-__all__ = ["Settings", "Measurement", "measure", "check_error"]
+__all__ = ["Settings", "Measurement", "measure", "check_error", "kept_outputs", "tolerance_for"]
 
 # A check returns the relative error against the reference (inf for NaN) and a note ("" when nothing odd).
 Check = Callable[[], tuple[float, str]]
@@ -74,6 +74,30 @@ def check_error(out: torch.Tensor, ref: torch.Tensor, scale: float | None = None
     denom = ref.double().norm().item() if scale is None else scale
     diff = (out64 - ref.double()).norm().item()
     return diff / denom if denom > 0 else diff
+
+
+def kept_outputs(run: Callable[[], object]):
+    """(call, reset, kept) for a path that returns its outputs (its calling convention has no `out`). `call`
+    first lets go of the outputs of the call before (poisoned by `reset`), so an eager call of the same size is
+    handed that memory back by the CUDA caching allocator and must overwrite the NaN; a graph keeps its capture's
+    outputs, which `reset` poisons before each replay. The check reads `kept`, the last call's outputs."""
+    kept: list[torch.Tensor] = []
+
+    def call():
+        kept.clear()
+        out = run()
+        kept.extend(out if isinstance(out, tuple) else (out,))
+
+    def reset():
+        for t in kept:
+            t.fill_(float("nan"))
+
+    return call, reset, kept
+
+
+def tolerance_for(table: dict, path: str, s: Settings) -> float | None:
+    """A model/tolerances.py table's bound for `path` in the run's dtype; None where it has none."""
+    return table.get(path, {}).get(s.dtype)
 
 
 def measure(m: Measurement, call: Callable[[], object], reset: Callable[[], None], check: Check,

@@ -25,7 +25,7 @@ __all__ = ["RecordedPoint", "RECORDED_BLOCKS", "new_timings", "append_run", "rec
 
 # What the timings hold: the dispatch blocks, the whole MoE block, and the GDN layer end to end.
 RECORDED_BLOCKS = ("moe_experts", "moe_block", "gdn_prefill", "gdn_decode", "gdn_layer_decode", "gdn_layer_prefill",
-                   "gdn_conv", "gdn_gated_norm")
+                   "gdn_conv", "gdn_gated_norm", "attention_layer_decode", "add_rms_norm")
 
 
 @dataclass

@@ -22,6 +22,8 @@ TITLES = {
     "gdn_gated_norm": "GDN gated RMSNorm of the staged layer (rows: B*T tokens)",
     "gdn_layer_prefill": "GDN layer by stage, prefill (B=1, T tokens)",
     "gdn_layer_decode": "GDN layer by stage (`layer`: the staged layer whole), and each fused decode-layer path, decode (T=1, B sequences)",
+    "attention_layer_decode": "Full-attention layer, one token per sequence over a static KV cache (T=1, B sequences; context: the keys already cached)",
+    "add_rms_norm": "Residual add + zero-centred RMSNorm between blocks (rows: B*T tokens)",
     "triton_decode_configs": "triton_decode: every candidate block config (T tokens)",
     "triton_grouped_configs": "triton_grouped: every candidate block config (T tokens)",
 }

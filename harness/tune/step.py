@@ -28,9 +28,9 @@ import torch
 from model.dispatch_table import table_file_name
 from model.gdn import select_conv_path, select_gated_norm_path, select_rule_path, served_decode_layer
 from model.moe import select_block_path, select_expert_path
-from model.norm import compute_dtype
+from model.attention_decode import served_attention_decode_layer
 from model.moe import ROUTERS
-from model.norm import GATED_NORM_PATHS, RMS_NORM_PATHS
+from model.norm import ADD_RMS_NORM_PATHS, GATED_NORM_PATHS, RMS_NORM_PATHS, compute_dtype
 from model.qwen36 import ConfigError, Qwen36Config, Qwen36Model, Qwen36Paths
 
 from .ceilings import ceilings_for
@@ -210,7 +210,7 @@ def model_paths(a, device: torch.device, dtype: torch.dtype) -> Qwen36Paths:
     """The model's paths with --router and --norm put in, each checked to run here (ValueError saying why not)."""
     default = Qwen36Paths()
     router, norm = a.router or default.router, a.norm or default.norm
-    for table, name in ((ROUTERS, router), (RMS_NORM_PATHS, norm), (GATED_NORM_PATHS, norm)):
+    for table, name in ((ROUTERS, router), (RMS_NORM_PATHS, norm), (ADD_RMS_NORM_PATHS, norm), (GATED_NORM_PATHS, norm)):
         if name is None:  # the model's default: nothing forced
             continue
         if name not in table:
@@ -223,9 +223,9 @@ def model_paths(a, device: torch.device, dtype: torch.dtype) -> Qwen36Paths:
 def _paths(model: Qwen36Model, batch: int, s: Settings) -> dict[str, str]:
     """The registered path each block serves this batch's decode step with (the device's table or the knobs):
     the whole-block path, and the router and experts only where the MoE block is composed, the rule, conv and
-    gated norm only where the GDN decode layer is staged."""
+    gated norm only where the GDN decode layer is staged, the attention core where the attention is staged."""
     cfg, mp = model.config, model.paths
-    paths = {"norm": mp.rms_norm}
+    paths = {"add_rms_norm": mp.between_blocks_norm(batch, s.device, s.dtype)}
     if any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers)):
         paths["moe_block"] = mp.moe_block or select_block_path(batch, s.device, s.dtype, mp.moe)
         if paths["moe_block"] == "composed":
@@ -240,7 +240,11 @@ def _paths(model: Qwen36Model, batch: int, s: Settings) -> dict[str, str]:
             paths["gdn_conv"] = mp.gdn_conv or select_conv_path(1, s.device, s.dtype)
             paths["gdn_gated_norm"] = mp.norm or select_gated_norm_path(batch, s.device, s.dtype)
     if "full_attention" in cfg.layer_types:
-        paths["attention_core"] = mp.attention_core
+        paths["attention_decode_layer"] = served_attention_decode_layer(
+            batch, s.device, s.dtype, core=mp.attention_core, norm=mp.norm,
+            decode_layer=mp.attention_decode_layer) or "staged"
+        if paths["attention_decode_layer"] == "staged":
+            paths["attention_core"] = mp.attention_core or "sdpa"
     return paths
 
 
@@ -318,7 +322,7 @@ def run_step(a) -> int:
         "device": name, "device_stem": stem, "date": today, "torch": torch.__version__,
         "command": shlex.join(getattr(a, "invocation", None) or ["qwen36", *sys.argv[1:]]),
         "dtype": str(dtype).removeprefix("torch."), "model": model_name, "tp": a.tp,
-        "router": paths.router, "norm": paths.rms_norm,
+        "router": paths.router, "norm": paths.norm or "served",
         "dims": f"{model_name}-tp{a.tp}", "rank_config": {k: v for k, v in vars(cfg).items()},
         "prefill": prefill, "batches": list(batches), "reps": a.reps, "warmup": a.warmup,
         "ceilings": {"hbm_bytes_per_s": ceilings.hbm_bytes_per_s, "source": ceilings.source},

@@ -239,7 +239,7 @@ def write_step_report(directory: Path, meta: dict, rows) -> tuple[Path, Path]:
         md += [f"## Time per block kind, B={r.batch} (median of {meta['reps']} instrumented steps)", "",
                f"The instrumented step took {r.instrumented_us / 1e3:,.2f} ms, the timed one "
                f"{r.step.median_us / 1e3:,.2f} ms: the difference is the hook's own cost (two events or clock reads "
-               "per block). `other`: time in no block (the residual adds, the host between blocks).", ""]
+               "per block). `other`: time in no block (the host between blocks; the residual adds are in `norm`, one call with the norm after each).", ""]
         md += _markdown_table(("kind", "blocks per step", "us per step", "share", "MB read + written",
                                "floor us", "x floor"), _kind_rows(r, layers))
         md.append("")

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import triton_support
-from ..dispatch_table import table_path_for
+from ..dispatch_table import served_path
 from ..norm import GATED_NORM_PATHS
 from ..paths import LOW_PRECISION, ComputePath, PathTable, always_float64
 from .conv import CONV_PATHS
@@ -107,11 +107,7 @@ GDN_DECODE_LAYER_PATHS = PathTable("GDN decode layer path", [
 def select_decode_layer_path(batch: int, device: torch.device | str, dtype: torch.dtype) -> str:
     """The serving choice: the device's dispatch table entry for `gdn_layer_decode` at this batch where it names
     a path that can run, else `staged` (what gdn_layer ran before this table)."""
-    measured = table_path_for(
-        "gdn_layer_decode", batch, device, dtype,
-        lambda name: GDN_DECODE_LAYER_PATHS.can_run(name, 1, dtype, device),
-    )
-    return "staged" if measured is None else measured
+    return served_path(GDN_DECODE_LAYER_PATHS, "gdn_layer_decode", batch, 1, device, dtype, "staged")
 
 
 def _check_shapes(x, w, state, out_state) -> None:

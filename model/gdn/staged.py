@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..dispatch_table import table_path_for
+from ..dispatch_table import served_path
 from ..norm import GATED_NORM_PATHS, compute_dtype
 from .conv import CONV_PATHS, run_conv_path
 from .rule import GDN_RULE_PATHS, run_gdn_rule
@@ -44,17 +44,7 @@ def select_rule_path(
     vectorised step for one token and the chunked form for a prefill."""
     block, key = ("gdn_decode", batch) if num_tokens == 1 else ("gdn_prefill", num_tokens)
     default = "decode_step" if num_tokens == 1 else "chunked"
-    return _served(GDN_RULE_PATHS, block, key, num_tokens, device, dtype, default)
-
-
-def _served(table, block: str, key: int, num_tokens: int, device, dtype, default: str) -> str:
-    """The dispatch table's runnable entry for `block` at `key`, given the call's device and dtype; else
-    `default` (no device or dtype given, no table, or an entry that cannot run the input)."""
-    if device is None or dtype is None:
-        return default
-    measured = table_path_for(block, key, device, dtype,
-                              lambda name: table.can_run(name, num_tokens, dtype, device))
-    return default if measured is None else measured
+    return served_path(GDN_RULE_PATHS, block, key, num_tokens, device, dtype, default)
 
 
 def select_conv_path(
@@ -64,7 +54,7 @@ def select_conv_path(
     a runnable entry (`gdn_conv`, by tokens per sequence); else the window shift for one token and the grouped
     conv1d for a prefill."""
     default = "update" if num_tokens == 1 else "prefill"
-    return _served(CONV_PATHS, "gdn_conv", num_tokens, num_tokens, device, dtype, default)
+    return served_path(CONV_PATHS, "gdn_conv", num_tokens, num_tokens, device, dtype, default)
 
 
 def select_gated_norm_path(
@@ -73,7 +63,7 @@ def select_gated_norm_path(
     """The serving choice for the layer's gated RMSNorm over `rows` tokens (B * T: the norm does not care which
     sequence a row is of). Given the call's device and dtype, the device's dispatch table decides where it has a
     runnable entry (`gdn_gated_norm`); else `fused`."""
-    return _served(GATED_NORM_PATHS, "gdn_gated_norm", rows, rows, device, dtype, "fused")
+    return served_path(GATED_NORM_PATHS, "gdn_gated_norm", rows, rows, device, dtype, "fused")
 
 
 def staged_layer(

@@ -10,6 +10,7 @@ from typing import Mapping
 import torch
 
 from ..norm import compute_dtype
+from ..rows import stack_rows, stacked_rows
 from .conv import zero_conv_state
 from .layout import GDNDims, qwen35_to_qwen3_next, qwen3_next_to_qwen35
 
@@ -23,26 +24,6 @@ LAYOUT_KEYS = {
 COMMON_KEYS = ("conv1d.weight", "A_log", "dt_bias", "norm.weight", "out_proj.weight")
 # The four input projections in the order the decode layer's single GEMM stacks them.
 PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
-
-
-def stacked_rows(parts) -> torch.Tensor | None:
-    """The matrix whose consecutive row blocks are `parts`, as a view of their common storage (no copy), or
-    None when they are not laid out that way (separate tensors, a gap, a transposed or strided part)."""
-    first = parts[0]
-    cols, offset, storage = first.shape[-1], first.storage_offset(), first.untyped_storage().data_ptr()
-    for part in parts:
-        if (part.dim() != 2 or part.shape[1] != cols or part.stride() != (cols, 1) or part.dtype != first.dtype
-                or part.untyped_storage().data_ptr() != storage or part.storage_offset() != offset):
-            return None
-        offset += part.numel()
-    return first.as_strided((sum(part.shape[0] for part in parts), cols), (cols, 1), first.storage_offset())
-
-
-def stack_rows(parts) -> tuple[torch.Tensor, ...]:
-    """`parts` as row views of one tensor: themselves when they already are, else copied once into one."""
-    if stacked_rows(parts) is not None:
-        return tuple(parts)
-    return torch.cat(list(parts)).split([part.shape[0] for part in parts])
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,9 @@ CUDA graph can capture (model/qwen36/static_step.py).
 Which registered path each block runs is chosen by `Qwen36Paths`; the default is the serving dispatch.
 `forward(..., trace=...)` runs each block inside `trace(kind)` (kinds: TRACE_KINDS), for a profiler that
 times blocks without a copy of this loop; without it nothing is wrapped.
+
+The residual add and the norm after it are one call of model.norm.ADD_RMS_NORM_PATHS (`h, x = add_norm(h, y)`),
+so a path can do both in one kernel; the `fused` path is the two as before, bit for bit.
 """
 from __future__ import annotations
 
@@ -21,18 +24,19 @@ from typing import Callable, ContextManager, Union
 import torch
 import torch.nn.functional as F
 
-from ..attention import ATTENTION_CORES, KVCache, gated_attention, gated_attention_static
+from ..attention import ATTENTION_CORES, KVCache, gated_attention
+from ..attention_decode import attention_static
 from ..gdn import CONV_PATHS, GDN_RULE_PATHS, GDNState, gdn_layer
 from ..moe import MoEConfig, MoEWeights, moe_block
-from ..norm import RMS_NORM_PATHS
+from ..norm import ADD_RMS_NORM_PATHS, RMS_NORM_PATHS, select_add_rms_norm_path
 from .static_cache import StaticDecodeCache
 from .weights import DenseMLPWeights, Qwen36Weights
 
 __all__ = ["Qwen36Paths", "Qwen36Cache", "Qwen36Model", "TRACE_KINDS"]
 
-# The block kinds `forward` names to its `trace`: the input embedding, every RMSNorm between blocks (two per
-# layer and the final one; q/k norms and the GDN gated norm belong to their mixer), the two mixers, the sparse
-# MoE block or a dense MLP, and the lm_head. Residual adds are in no block.
+# The block kinds `forward` names to its `trace`: the input embedding, every RMSNorm between blocks with the
+# residual add before it (two per layer and the final one; q/k norms and the GDN gated norm belong to their
+# mixer), the two mixers, the sparse MoE block or a dense MLP, and the lm_head.
 TRACE_KINDS = ("embed", "norm", "gdn", "attention", "moe", "mlp", "lm_head")
 Trace = Callable[[str], ContextManager]
 
@@ -45,9 +49,14 @@ class Qwen36Paths:
     `composed` block), `gdn_decode_layer` the whole GDN layer's path for a one-token step
     (model.gdn.GDN_DECODE_LAYER_PATHS; `gdn_rule` and `gdn_conv` serve the `staged` layer and prefills). A forced
     `gdn_rule` or `gdn_conv` runs the staged layer, so it cannot combine with `gdn_decode_layer`.
-    `norm` names the path of every RMSNorm (model.norm's tables, zero-centred and the GDN gated norm alike); None:
-    `fused` for the zero-centred norms (no table chooses them) and the serving choice for the gated norm, so a
-    one-token step still takes the GDN decode-layer path. A forced `norm` runs the staged GDN layer."""
+    `attention_decode_layer` picks the full-attention layer's path for a one-token step over a static cache
+    (model.attention_decode.ATTENTION_DECODE_LAYER_PATHS); a forced `attention_core` or `norm` runs the staged
+    attention (`gated_attention_static`) with them, and a prefill always does.
+    `norm` names the path of every RMSNorm (model.norm's tables: the residual add + RMSNorm between blocks, the
+    q/k norms, the GDN gated norm alike); None: the serving choice of each (the device's dispatch table, else
+    `fused`), so a one-token step still takes the GDN and attention decode-layer paths. A forced `norm` runs the
+    staged GDN layer and the staged attention. `add_norm` picks the residual add + RMSNorm between blocks alone
+    (model.norm.ADD_RMS_NORM_PATHS), over `norm`, keeping the mixers' choices."""
 
     moe: MoEConfig = field(default_factory=MoEConfig)
     router: str = "topk_softmax"
@@ -55,13 +64,15 @@ class Qwen36Paths:
     gdn_rule: str | None = None
     gdn_conv: str | None = None
     gdn_decode_layer: str | None = None
-    attention_core: str = "sdpa"
+    attention_core: str | None = None
+    attention_decode_layer: str | None = None
     norm: str | None = None
+    add_norm: str | None = None
 
-    @property
-    def rms_norm(self) -> str:
-        """The zero-centred RMSNorms' path: `norm`, else `fused`."""
-        return self.norm or "fused"
+    def between_blocks_norm(self, rows: int, device: torch.device, dtype: torch.dtype) -> str:
+        """The residual add + RMSNorm path between blocks for a call over `rows` tokens: `add_norm`, else `norm`,
+        else the serving choice (model.norm.select_add_rms_norm_path)."""
+        return self.add_norm or self.norm or select_add_rms_norm_path(rows, device, dtype)
 
     @classmethod
     def reference(cls) -> "Qwen36Paths":
@@ -119,29 +130,37 @@ class Qwen36Model:
             raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}; expected [batch, tokens >= 1]")
         cache = self.new_cache() if cache is None else cache
         static = isinstance(cache, StaticDecodeCache)
-        rms = RMS_NORM_PATHS[self.paths.rms_norm].fn
+        tokens = input_ids.shape[1]
+        norm = self.paths.between_blocks_norm(input_ids.numel(), input_ids.device, self.weights.embed.dtype)
+        rms, add_norm = RMS_NORM_PATHS[norm].fn, ADD_RMS_NORM_PATHS[norm].fn
         # The mixers by cache: the static ones keep their state in the cache's buffers (same loop, same blocks).
-        gdn, attention = (partial(gdn_layer, in_place=True), gated_attention_static) if static else (gdn_layer, gated_attention)
+        if static:
+            gdn = partial(gdn_layer, in_place=True)
+            attention = partial(attention_static, decode_layer=self.paths.attention_decode_layer if tokens == 1 else None)
+        else:
+            gdn, attention = gdn_layer, _dynamic_attention
         embed, mlp, lm_head = F.embedding, self._mlp, F.linear
         if trace is not None:  # each block inside trace(kind); without a trace nothing is wrapped
-            rms = _traced(trace, "norm", rms)
+            rms, add_norm = _traced(trace, "norm", rms), _traced(trace, "norm", add_norm)
             embed, lm_head = _traced(trace, "embed", embed), _traced(trace, "lm_head", lm_head)
             gdn, attention = _traced(trace, "gdn", gdn), _traced(trace, "attention", attention)
             mlp = _traced(trace, _mlp_kind, mlp)
         eps = self.config.rms_norm_eps
+        layers = self.weights.layers
         h = embed(input_ids, self.weights.embed)
+        x = rms(h, layers[0].input_norm, eps)
         new_states = []
-        for layer, state in zip(self.weights.layers, cache.layers):
-            x = rms(h, layer.input_norm, eps)
+        for i, (layer, state) in enumerate(zip(layers, cache.layers)):
             if layer.kind == "linear_attention":
                 y, state = gdn(x, layer.mixer, state, rule=self.paths.gdn_rule, conv=self.paths.gdn_conv,
-                               norm=self.paths.norm, decode_layer=self._decode_layer(input_ids.shape[1]))
+                               norm=self.paths.norm, decode_layer=self._decode_layer(tokens))
             else:
-                y, state = attention(x, layer.mixer, state, core=self.paths.attention_core, norm=self.paths.rms_norm)
+                y, state = attention(x, layer.mixer, state, core=self.paths.attention_core, norm=self.paths.norm)
             new_states.append(state)
-            h = h + y
-            h = h + mlp(rms(h, layer.post_norm, eps), layer.mlp)
-        logits = lm_head(rms(h, self.weights.final_norm, eps), self.weights.lm_head)
+            h, x = add_norm(h, y, layer.post_norm, eps)
+            next_norm = layers[i + 1].input_norm if i + 1 < len(layers) else self.weights.final_norm
+            h, x = add_norm(h, mlp(x, layer.mlp), next_norm, eps)
+        logits = lm_head(x, self.weights.lm_head)
         if static:
             return logits, cache.advance(input_ids.shape[1])
         return logits, Qwen36Cache(layers=tuple(new_states), length=cache.length + input_ids.shape[1])
@@ -162,6 +181,11 @@ class Qwen36Model:
             logits, cache = self.forward(tokens[-1][:, None], cache)
             tokens.append(logits[:, -1].argmax(-1))
         return torch.stack(tokens, dim=1)
+
+
+def _dynamic_attention(x, w, cache, *, core: str | None, norm: str | None):
+    """gated_attention with the defaults for what is not forced (sdpa, the fused q/k norms)."""
+    return gated_attention(x, w, cache, core=core or "sdpa", norm=norm or "fused")
 
 
 def _mlp_kind(h: torch.Tensor, w: Union[MoEWeights, DenseMLPWeights]) -> str:

@@ -9,9 +9,10 @@ import torch
 
 import model.moe.expert_paths
 from model.attention import ATTENTION_CORES
+from model.attention_decode import ATTENTION_DECODE_LAYER_PATHS
 from model.gdn import CONV_PATHS, GDN_RULE_PATHS
 from model.moe import EXPERT_PATHS, MOE_BLOCK_PATHS, ROUTERS
-from model.norm import GATED_NORM_PATHS, RMS_NORM_PATHS
+from model.norm import ADD_RMS_NORM_PATHS, GATED_NORM_PATHS, RMS_NORM_PATHS
 from model.paths import ComputePath, PathTable, always_float64
 
 F32 = torch.float32
@@ -21,7 +22,9 @@ TABLES = {
     "conv": CONV_PATHS,
     "rms_norm": RMS_NORM_PATHS,
     "gated_norm": GATED_NORM_PATHS,
+    "add_rms_norm": ADD_RMS_NORM_PATHS,
     "attention": ATTENTION_CORES,
+    "attention_decode_layer": ATTENTION_DECODE_LAYER_PATHS,
     "router": ROUTERS,
     "moe_block": MOE_BLOCK_PATHS,
 }

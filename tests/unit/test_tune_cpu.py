@@ -9,11 +9,14 @@ import torch
 
 from harness.cli import main
 from model.dispatch_table import TABLE_ENV, clear_table_cache, load_dispatch_table
+from model.attention_decode import select_attention_decode_layer_path
 from model.gdn import select_conv_path, select_gated_norm_path, select_rule_path
 from model.moe import MoEConfig, select_expert_path
+from model.norm import select_add_rms_norm_path
 
 MOE_POINTS, BLOCK_POINTS, PREFILL_POINTS, DECODE_POINTS = (1, 3, 16), (1,), (64,), (1, 4)
-CONV_POINTS, NORM_ROWS = (1, 64), (1, 4, 64)  # one token and the prefill points; the norm's rows add the batches
+CONV_POINTS, NORM_ROWS = (1, 64), (1, 4, 64)  # one token and the prefill points; the norms' rows add the batches
+STEP_BLOCKS = (("attention_layer_decode", DECODE_POINTS), ("add_rms_norm", NORM_ROWS))  # the attention at the batches
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +42,19 @@ def test_the_command_checks_every_available_path_and_writes_its_files(tuned):
     assert {(out / f).is_file() for f in ("tune.json", "tune.md", "cpu.json")} == {True}
     rows = report["rows"]
     for block, points in (("moe_experts", MOE_POINTS), ("moe_block", BLOCK_POINTS), ("gdn_prefill", PREFILL_POINTS),
-                          ("gdn_decode", DECODE_POINTS), ("gdn_conv", CONV_POINTS), ("gdn_gated_norm", NORM_ROWS)):
+                          ("gdn_decode", DECODE_POINTS), ("gdn_conv", CONV_POINTS), ("gdn_gated_norm", NORM_ROWS),
+                          *STEP_BLOCKS):
         assert {r["key"] for r in rows if r["block"] == block} == set(points), block
     ok = [r for r in rows if r["status"] == "ok" and r["bound"] is not None and r["block"] in
-          ("moe_experts", "moe_block", "gdn_prefill", "gdn_decode", "gdn_conv", "gdn_gated_norm")]
+          ("moe_experts", "moe_block", "gdn_prefill", "gdn_decode", "gdn_conv", "gdn_gated_norm",
+           "attention_layer_decode", "add_rms_norm")]
     assert ok and all(r["err_eager"] <= r["bound"] for r in ok)
+    # the step's other blocks: every path this CPU runs compiled-Triton-free, each checked (triton needs CUDA here)
+    for block, points in STEP_BLOCKS:
+        here = [r for r in rows if r["block"] == block]
+        assert {r["path"] for r in here} == {"staged" if block == "attention_layer_decode" else "fused"}, here
+        assert all(r["status"] == "ok" for r in here), here
+    assert any("attention decode layer path triton" in n and "CUDA" in n for n in report["notes"]), report["notes"]
     assert {(r["key"], r["path"]) for r in rows if r["block"] == "gdn_conv"} == \
         {(1, "update"), (1, "prefill"), (64, "prefill")}, "update takes one token; triton needs CUDA here"
     assert any("conv path triton" in n and "CUDA" in n for n in report["notes"]), report["notes"]
@@ -63,7 +74,7 @@ def test_the_table_holds_the_fastest_correct_path_at_each_point(tuned):
     table = load_dispatch_table(out / "cpu.json")
     rows = report["rows"]
     for block, points in (("moe_experts", MOE_POINTS), ("gdn_prefill", PREFILL_POINTS), ("gdn_decode", DECODE_POINTS),
-                          ("gdn_conv", CONV_POINTS), ("gdn_gated_norm", NORM_ROWS)):
+                          ("gdn_conv", CONV_POINTS), ("gdn_gated_norm", NORM_ROWS), *STEP_BLOCKS):
         for key in points:
             source = "moe_block" if block == "moe_experts" and key in BLOCK_POINTS else block
             assert table.path_for(block, key, torch.float32) == fastest(rows, source, key), (block, key)
@@ -86,6 +97,11 @@ def test_the_dispatchers_follow_the_written_table(tuned, monkeypatch):
         for rows in (*NORM_ROWS, 2, 100):
             assert select_gated_norm_path(rows, "cpu", torch.float32) == \
                 table.path_for("gdn_gated_norm", rows, torch.float32)
+            assert select_add_rms_norm_path(rows, "cpu", torch.float32) == \
+                table.path_for("add_rms_norm", rows, torch.float32)
+        for batch in (*DECODE_POINTS, 2, 300):
+            assert select_attention_decode_layer_path(batch, "cpu", torch.float32) == \
+                table.path_for("attention_layer_decode", batch, torch.float32)
     finally:
         monkeypatch.delenv(TABLE_ENV)
         clear_table_cache()

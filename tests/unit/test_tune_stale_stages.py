@@ -1,7 +1,8 @@
 """The full check (`qwen36 tune --check-stale`) on a table recorded before the staged GDN layer's conv and gated
-norm were dispatched (`gdn_conv`, `gdn_gated_norm`): such a table serves `update` / `prefill` and `fused`, so the
-full check times every conv and gated-norm path at the table's GDN points and calls it stale where another path
-beats that default in every sweep. The routine check times none of them."""
+norm, the attention decode layer and the residual add + RMSNorm were dispatched (`gdn_conv`, `gdn_gated_norm`,
+`attention_layer_decode`, `add_rms_norm`): such a table serves `update` / `prefill`, `fused`, `staged` and `fused`,
+so the full check times every path of those blocks at the table's GDN points and calls it stale where another
+path beats that default in every sweep. The routine check times none of them."""
 from __future__ import annotations
 
 from harness.tune.check import _judge_stale
@@ -33,10 +34,15 @@ def test_the_full_check_times_every_stage_path_at_the_tables_gdn_points():
     plan, _, _ = judge([])
     assert plan.gdn_conv == {1: None, 64: None}  # one token and the prefill point
     assert plan.gdn_gated_norm == {8: None, 64: None}  # the decode batch and the prefill point, as rows
+    assert plan.attention_layer_decode == {8: None}  # the decode batch
+    assert plan.add_rms_norm == {8: None, 64: None}  # as the gated norm's rows
     assert plan.by_default == {("gdn_conv", 1): "update", ("gdn_conv", 64): "prefill",
-                               ("gdn_gated_norm", 8): "fused", ("gdn_gated_norm", 64): "fused"}
+                               ("gdn_gated_norm", 8): "fused", ("gdn_gated_norm", 64): "fused",
+                               ("attention_layer_decode", 8): "staged",
+                               ("add_rms_norm", 8): "fused", ("add_rms_norm", 64): "fused"}
     routine = plan_check(OLD_TABLE, {}, full=False)
-    assert not routine.gdn_conv and not routine.gdn_gated_norm and not routine.by_default
+    assert not (routine.gdn_conv or routine.gdn_gated_norm or routine.attention_layer_decode or routine.add_rms_norm
+                or routine.by_default)
 
 
 def test_an_old_table_is_stale_where_a_stage_path_beats_its_default_every_sweep():
@@ -59,3 +65,15 @@ def test_a_table_with_the_stage_blocks_is_judged_on_its_own_choices():
     assert ("gdn_conv", 1) not in plan.by_default and plan.dispatched[("gdn_conv", 64)] == "triton"
     assert not verdicts[("gdn_conv", 64)].stale and verdicts[("gdn_conv", 64)].chosen == "triton"
     assert failures == []
+
+
+def test_an_old_table_is_stale_where_the_attention_or_the_add_norm_path_beats_its_default_every_sweep():
+    rows = [swept("attention_layer_decode", 8, "staged", 1600, 1650, 1620),
+            swept("attention_layer_decode", 8, "triton", 60, 62, 61),
+            swept("add_rms_norm", 8, "fused", 150, 151, 149), swept("add_rms_norm", 8, "triton", 140, 160, 30),
+            swept("add_rms_norm", 64, "fused", 150, 151, 149)]
+    _, verdicts, failures = judge(rows)
+    attention = verdicts[("attention_layer_decode", 8)]
+    assert attention.stale and (attention.chosen, attention.best) == ("staged", "triton")
+    assert not verdicts[("add_rms_norm", 8)].stale, "triton lost one sweep"
+    assert len(failures) == 1 and failures[0].startswith("STALE: attention_layer_decode")

@@ -158,6 +158,7 @@ def test_the_built_in_models_split_into_the_tuners_per_rank_dims():
     for model_config, dims in ((QWEN36_35B_A3B, D.REAL_PER_RANK), (TINY_MODEL, D.TINY)):
         cfg = rank_config(Qwen36Config.from_hf_dict(model_config), 4)
         assert cfg.gdn_dims == dims.gdn
+        assert cfg.attention_dims == dims.attention
         assert (cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size,
                 cfg.shared_expert_intermediate_size) == tuple(vars(dims.moe).values())
     assert rank_config(Qwen36Config.from_hf_dict(SHARDED), 4).vocab_size == 1024 // 4  # 1000 padded to 1024
@@ -187,7 +188,8 @@ def test_the_step_floor_bytes_by_hand():
                  + (4 * 8 + 3 * 2 * 8 + 8) * 2  # router, shared expert, its gate
                  + 2 * 2 * 8 * 2 + 2 * 2 * (4 + 8))  # x in, out; routing weights and ids
     expected = {"embed": 2 * 2 * 8 * 2 + 2 * 8, "gdn": gdn, "attention": attention, "moe": 2 * moe_layer,
-                "norm": 5 * (8 + 2 * 2 * 8) * 2, "lm_head": (16 * 8 + 2 * 8 + 2 * 16) * 2}
+                # the first norm (weight, x in, y out), then 4 residual adds + norms (weight; h, y in; sum, x out)
+                "norm": (8 + 2 * 2 * 8) * 2 + 4 * (8 + 4 * 2 * 8) * 2, "lm_head": (16 * 8 + 2 * 8 + 2 * 16) * 2}
     assert decode_step_bytes(cfg, batch=2, context=5, elem=2, state_elem=4) == pytest.approx(expected)
 
 
@@ -211,7 +213,7 @@ def test_the_router_and_norm_flags_reach_the_model_and_the_report(tmp_path):
     assert code == 0
     report = json.loads((tmp_path / "step.json").read_text())
     assert (report["router"], report["norm"]) == ("reference", "reference")
-    assert report["rows"][0]["paths"]["router"] == "reference" and report["rows"][0]["paths"]["norm"] == "reference"
+    assert report["rows"][0]["paths"]["router"] == "reference" and report["rows"][0]["paths"]["add_rms_norm"] == "reference"
 
 
 def test_an_unknown_or_unavailable_path_is_refused_naming_the_choices(tmp_path, capsys):
