@@ -23,7 +23,7 @@ from .block_rows import block_choice
 from .measure import Measurement
 from .record import keep_blocks
 
-__all__ = ["ranked", "winners", "build_table", "write_table"]
+__all__ = ["ranked", "winners", "build_table", "write_table", "table_serving"]
 
 
 def ranked(rows: list[Measurement], block: str, prefer_graph: bool, row_block: str | None = None) -> dict[int, list[dict]]:
@@ -119,3 +119,13 @@ def write_table(table: dict, path: Path) -> Path:
     path.write_text(json.dumps(table, indent=2) + "\n")
     load_dispatch_table(path)  # what the dispatchers will read must load
     return path
+
+
+def table_serving(paths: dict[str, str], device: str, dtype: str) -> dict:
+    """A table that serves `paths` (block -> path) at every key, measured nowhere: for a tool or test that runs
+    the model on chosen paths through the dispatchers, as serving would (not for a device's table directory)."""
+    blocks = {block: {"keyed_by": BLOCKS[block], "recorded": None,
+                      "ranges": [{"from": 1, "to": None, "path": path, "measured": []}]}
+              for block, path in paths.items()}
+    return {"schema": SCHEMA, "device": device, "dtype": dtype, "ranked_by": "eager",
+            "recorded": {"note": "not measured: a table written to serve chosen paths"}, "blocks": blocks}

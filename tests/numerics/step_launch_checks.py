@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
 from harness.tune.inputs import rank_config, rank_weights
 from harness.tune.launch_count import count_launches
 from harness.tune.step import TINY_MODEL
-from model.dispatch_table import SCHEMA, TABLE_ENV, clear_table_cache
+from harness.tune.table import table_serving
+from model.dispatch_table import TABLE_ENV, clear_table_cache
 from model.qwen36 import CapturableDecodeStep, Qwen36Config, Qwen36Model
 from tests.numerics.compare import relative_error
 
@@ -33,11 +33,7 @@ PREFILL, MAX_LEN = 5, 12  # the prompt, then a warm-up step and the ones counted
 
 
 def _table(path, dtype: torch.dtype) -> None:
-    blocks = {block: {"keyed_by": "batch" if "decode" in block else "tokens", "recorded": "test",
-                      "ranges": [{"from": 1, "to": None, "path": p, "measured": []}]}
-              for block, p in FEW_LAUNCH_PATHS.items()}
-    path.write_text(json.dumps({"schema": SCHEMA, "device": "cpu", "dtype": str(dtype).removeprefix("torch."),
-                                "ranked_by": "eager", "recorded": {"date": "test"}, "blocks": blocks}))
+    path.write_text(json.dumps(table_serving(FEW_LAUNCH_PATHS, "cpu", str(dtype).removeprefix("torch."))))
 
 
 def _step(batch: int):
