@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from .norm import RMS_NORM_PATHS, compute_dtype
 from .paths import ComputePath, PathTable
 from .rope import apply_partial_rope, rope_cos_sin
-from .rows import stack_rows, stacked_rows
+from .rows import moved_keeping_rows, stack_rows, stacked_rows
 
 __all__ = [
     "AttentionDims",
@@ -105,14 +105,8 @@ class AttentionWeights:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "dims"}
 
     def to(self, dtype: torch.dtype | None = None, device=None) -> "AttentionWeights":
-        moved = {k: v.to(device=device, dtype=dtype) for k, v in self.tensors().items() if k not in QKV}
-        projections = tuple(getattr(self, name) for name in QKV)
-        stacked = stacked_rows(projections)
-        if stacked is None:
-            moved.update((name, t.to(device=device, dtype=dtype)) for name, t in zip(QKV, projections))
-        else:  # moved as one tensor, so they stay rows of one (see qkv_stacked)
-            moved.update(zip(QKV, stacked.to(device=device, dtype=dtype).split([t.shape[0] for t in projections])))
-        return replace(self, **moved)
+        # q/k/v moved as one tensor when they are rows of one (see qkv_stacked).
+        return replace(self, **moved_keeping_rows(self.tensors(), QKV, dtype, device))
 
     @classmethod
     def from_hf_state_dict(

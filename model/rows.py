@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["stack_rows", "stacked_rows"]
+__all__ = ["moved_keeping_rows", "stack_rows", "stacked_rows"]
 
 
 def stacked_rows(parts) -> torch.Tensor | None:
@@ -25,3 +25,17 @@ def stack_rows(parts) -> tuple[torch.Tensor, ...]:
     if stacked_rows(parts) is not None:
         return tuple(parts)
     return torch.cat(list(parts)).split([part.shape[0] for part in parts])
+
+
+def moved_keeping_rows(tensors: dict[str, torch.Tensor], stacked: tuple[str, ...], dtype=None, device=None) -> dict:
+    """`tensors` (name -> tensor) moved with `.to(device=, dtype=)`; the ones named in `stacked`, when they are
+    rows of one tensor, are moved as that one tensor and split again, so they stay rows of one (no second copy
+    when a layer later stacks them)."""
+    moved = {k: v.to(device=device, dtype=dtype) for k, v in tensors.items() if k not in stacked}
+    parts = tuple(tensors[name] for name in stacked)
+    whole = stacked_rows(parts)
+    if whole is None:
+        moved.update((name, t.to(device=device, dtype=dtype)) for name, t in zip(stacked, parts))
+    else:
+        moved.update(zip(stacked, whole.to(device=device, dtype=dtype).split([t.shape[0] for t in parts])))
+    return moved

@@ -18,7 +18,7 @@ from model.norm import GATED_NORM_PATHS
 from .ceilings import Ceilings
 from .floors import floor_of, gated_norm_work, gdn_conv_work
 from .inputs import gated_norm_inputs, gdn_conv_inputs
-from .measure import Measurement, Settings, check_error, kept_outputs, measure, tolerance_for
+from .measure import Measurement, Settings, check_error, kept_outputs, measure, path_rows
 
 __all__ = ["CONV_BLOCK", "NORM_BLOCK", "conv_points", "norm_points", "sweep_gdn_conv", "sweep_gated_norm",
            "unavailable_stage_paths"]
@@ -50,15 +50,8 @@ def _conv_point(tokens: int, d: GDNDims, s: Settings, ceilings: Ceilings, rows: 
     ref_state = ref_state.to(state.dtype)
     floor = floor_of(gdn_conv_work(1, tokens, d, x.element_size()), ceilings)
     saved = state.clone()
-    for path in CONV_PATHS.candidates():
-        if (only is not None and path.name not in only) or not path.supports(tokens, s.dtype, s.device):
-            continue
-        m = Measurement(CONV_BLOCK, tokens, path.name, "error", floor=floor,
-                        bound=tolerance_for(tolerances.GDN_CONV_PATHS, path.name, s), extra={"batch": 1, "tokens": tokens})
-        rows.append(m)
-        if m.bound is None:
-            m.detail = f"no {s.dtype} tolerance for conv path {path.name!r} in model/tolerances.py (GDN_CONV_PATHS)"
-            continue
+    for path, m in path_rows(CONV_PATHS, CONV_BLOCK, tokens, tokens, only, s, tolerances.GDN_CONV_PATHS,
+                             "GDN_CONV_PATHS", floor, {"batch": 1, "tokens": tokens}, rows):
         call, reset, kept = kept_outputs(lambda fn=path.fn: fn(x, weight, state))
 
         def check(kept=kept):
@@ -78,15 +71,8 @@ def _norm_point(count: int, d: GDNDims, s: Settings, ceilings: Ceilings, rows: l
     x, z, weight = gated_norm_inputs(count, d, s.dtype, s.device, seed=65_000 + count)
     ref = GATED_NORM_PATHS.reference.fn(x.double(), weight.double(), d.eps, z.double())
     floor = floor_of(gated_norm_work(count, d, x.element_size()), ceilings)
-    for path in GATED_NORM_PATHS.candidates():
-        if (only is not None and path.name not in only) or not path.supports(count, s.dtype, s.device):
-            continue
-        m = Measurement(NORM_BLOCK, count, path.name, "error", floor=floor,
-                        bound=tolerance_for(tolerances.NORM_PATHS, path.name, s), extra={"rows": count})
-        rows.append(m)
-        if m.bound is None:
-            m.detail = f"no {s.dtype} tolerance for norm path {path.name!r} in model/tolerances.py (NORM_PATHS)"
-            continue
+    for path, m in path_rows(GATED_NORM_PATHS, NORM_BLOCK, count, count, only, s, tolerances.NORM_PATHS,
+                             "NORM_PATHS", floor, {"rows": count}, rows):
         call, reset, kept = kept_outputs(lambda fn=path.fn: fn(x, weight, d.eps, z))
         measure(m, call, reset, lambda kept=kept: (check_error(kept[0], ref), ""), s)
 

@@ -3,14 +3,14 @@ eagerly, then capture it in a CUDA graph, check the replay's output too and time
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Collection, Iterator
 
 import torch
 
 from .floors import Floor
 from .timing import L2Flusher, Timing, capture_graph, time_eager, time_graph
 
-__all__ = ["Settings", "Measurement", "measure", "check_error", "kept_outputs", "tolerance_for"]
+__all__ = ["Settings", "Measurement", "measure", "check_error", "kept_outputs", "tolerance_for", "path_rows"]
 
 # A check returns the relative error against the reference (inf for NaN) and a note ("" when nothing odd).
 Check = Callable[[], tuple[float, str]]
@@ -98,6 +98,25 @@ def kept_outputs(run: Callable[[], object]):
 def tolerance_for(table: dict, path: str, s: Settings) -> float | None:
     """A model/tolerances.py table's bound for `path` in the run's dtype; None where it has none."""
     return table.get(path, {}).get(s.dtype)
+
+
+def path_rows(table, block: str, key: int, tokens: int, only: Collection[str] | None, s: Settings,
+              bounds: dict, bounds_name: str, floor: Floor, extra: dict,
+              rows: list[Measurement]) -> Iterator[tuple[object, Measurement]]:
+    """The candidates of `table` (a model.paths.PathTable) to time at one point: those `only` names (None: all)
+    that take `tokens` in the run's dtype on its device, each given a row appended to `rows`. Yields (path, row)
+    for the paths with a bound in `bounds` (model/tolerances.py's `bounds_name`); a row without one says so and
+    is not timed."""
+    for path in table.candidates():
+        if (only is not None and path.name not in only) or not path.supports(tokens, s.dtype, s.device):
+            continue
+        m = Measurement(block, key, path.name, "error", floor=floor, bound=tolerance_for(bounds, path.name, s),
+                        extra=dict(extra))
+        rows.append(m)
+        if m.bound is None:
+            m.detail = f"no {s.dtype} tolerance for {table.what} {path.name!r} in model/tolerances.py ({bounds_name})"
+            continue
+        yield path, m
 
 
 def measure(m: Measurement, call: Callable[[], object], reset: Callable[[], None], check: Check,

@@ -21,7 +21,7 @@ from model.norm import ADD_RMS_NORM_PATHS
 from .ceilings import Ceilings
 from .floors import add_rms_norm_work, attention_decode_work, floor_of
 from .inputs import NORM_SCALE, _randn, attention_weights, generator
-from .measure import Measurement, Settings, check_error, kept_outputs, measure, tolerance_for
+from .measure import Measurement, Settings, check_error, kept_outputs, measure, path_rows, tolerance_for
 
 __all__ = ["ATTENTION_BLOCK", "ADD_NORM_BLOCK", "sweep_attention_layer", "sweep_add_rms_norm",
            "unavailable_step_block_paths"]
@@ -56,17 +56,13 @@ def _attention_point(batch: int, context: int, w, s: Settings, ceilings: Ceiling
     ref_cache = StaticKVCache(cache.k.clone(), cache.v.clone(), cache.length.clone())
     ref = ATTENTION_DECODE_LAYER_PATHS.reference.fn(x, w, ref_cache)
     floor = floor_of(attention_decode_work(batch, context, d, x.element_size()), ceilings)
-    for path in ATTENTION_DECODE_LAYER_PATHS.candidates():
-        if (only is not None and path.name not in only) or not path.supports(1, s.dtype, s.device):
-            continue
-        m = Measurement(ATTENTION_BLOCK, batch, path.name, "error", floor=floor,
-                        bound=tolerance_for(tolerances.ATTENTION_DECODE_LAYER, path.name, s),
-                        extra={"batch": batch, "context": context})
-        rows.append(m)
+    for path, m in path_rows(ATTENTION_DECODE_LAYER_PATHS, ATTENTION_BLOCK, batch, 1, only, s,
+                             tolerances.ATTENTION_DECODE_LAYER, "ATTENTION_DECODE_LAYER", floor,
+                             {"batch": batch, "context": context}, rows):
         cache_bound = tolerance_for(tolerances.ATTENTION_DECODE_LAYER_CACHE, path.name, s)
-        if m.bound is None or cache_bound is None:
-            m.bound, m.detail = None, (f"no {s.dtype} tolerance for attention decode layer path {path.name!r} in "
-                                       "model/tolerances.py (ATTENTION_DECODE_LAYER and _CACHE)")
+        if cache_bound is None:
+            m.bound, m.detail = None, (f"no {s.dtype} tolerance for the key and value {path.name!r} writes in "
+                                       "model/tolerances.py (ATTENTION_DECODE_LAYER_CACHE)")
             continue
         call, reset_outputs, kept = kept_outputs(lambda fn=path.fn: fn(x, w, cache))
 
@@ -86,7 +82,8 @@ def _attention_point(batch: int, context: int, w, s: Settings, ceilings: Ceiling
             written_err = max(check_error(written[0], ref_cache.k[:, :, context]),
                               check_error(written[1], ref_cache.v[:, :, context]))
             if not written_err <= cache_bound:
-                return float("inf"), f"wrote the key and value at the length off by {written_err:.2e} (> {cache_bound:.0e})"
+                return float("inf"), (f"wrote the key and value at the length off by {written_err:.2e} "
+                                      f"(> {cache_bound:.0e})")
             return check_error(kept[0], ref), ""
 
         measure(m, call, reset, check, s)
@@ -99,15 +96,8 @@ def _add_norm_point(count: int, hidden: int, eps: float, s: Settings, ceilings: 
     weight = _randn(gen, (hidden,), s.device, s.dtype, NORM_SCALE)
     ref_sum, ref_normed = ADD_RMS_NORM_PATHS.reference.fn(h.double(), y.double(), weight.double(), eps)
     floor = floor_of(add_rms_norm_work(count, hidden, h.element_size()), ceilings)
-    for path in ADD_RMS_NORM_PATHS.candidates():
-        if (only is not None and path.name not in only) or not path.supports(count, s.dtype, s.device):
-            continue
-        m = Measurement(ADD_NORM_BLOCK, count, path.name, "error", floor=floor,
-                        bound=tolerance_for(tolerances.ADD_NORM_PATHS, path.name, s), extra={"rows": count})
-        rows.append(m)
-        if m.bound is None:
-            m.detail = f"no {s.dtype} tolerance for add + RMSNorm path {path.name!r} in model/tolerances.py (ADD_NORM_PATHS)"
-            continue
+    for path, m in path_rows(ADD_RMS_NORM_PATHS, ADD_NORM_BLOCK, count, count, only, s, tolerances.ADD_NORM_PATHS,
+                             "ADD_NORM_PATHS", floor, {"rows": count}, rows):
         call, reset, kept = kept_outputs(lambda fn=path.fn: fn(h, y, weight, eps))
 
         def check(kept=kept):

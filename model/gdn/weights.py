@@ -10,7 +10,7 @@ from typing import Mapping
 import torch
 
 from ..norm import compute_dtype
-from ..rows import stack_rows, stacked_rows
+from ..rows import moved_keeping_rows, stack_rows, stacked_rows
 from .conv import zero_conv_state
 from .layout import GDNDims, qwen35_to_qwen3_next, qwen3_next_to_qwen35
 
@@ -63,15 +63,8 @@ class GDNWeights:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "dims"}
 
     def to(self, dtype: torch.dtype | None = None, device=None) -> "GDNWeights":
-        moved = {k: v.to(device=device, dtype=dtype) for k, v in self.tensors().items() if k not in PROJECTIONS}
-        projections = tuple(getattr(self, name) for name in PROJECTIONS)
-        stacked = stacked_rows(projections)
-        if stacked is None:
-            moved.update((name, t.to(device=device, dtype=dtype)) for name, t in zip(PROJECTIONS, projections))
-        else:  # moved as one tensor, so they stay rows of one (see in_proj_stacked)
-            rows = stacked.to(device=device, dtype=dtype).split([t.shape[0] for t in projections])
-            moved.update(zip(PROJECTIONS, rows))
-        return replace(self, **moved)
+        # The four projections moved as one tensor when they are rows of one (see in_proj_stacked).
+        return replace(self, **moved_keeping_rows(self.tensors(), PROJECTIONS, dtype, device))
 
     @functools.cached_property
     def in_proj_stacked(self) -> torch.Tensor:

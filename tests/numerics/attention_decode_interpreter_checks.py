@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import Phase, settings
 from hypothesis import strategies as st
 
 from model import attention_decode, attention_triton_decode
 from model.attention import StaticKVCache
 from model.attention_decode import ATTENTION_DECODE_LAYER_PATHS
 from model.tolerances import ATTENTION_DECODE_LAYER, ATTENTION_DECODE_LAYER_CACHE
-from tests.numerics.kernel_mutants import load_mutant
+from tests.numerics.kernel_mutants import FALSIFY, load_mutant
 from tests.numerics.test_attention_decode_layer import (
     MAX_LEN,
     AttentionDecodeCase,
@@ -38,10 +38,6 @@ from tests.numerics.test_attention_decode_layer import (
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 PATH = ATTENTION_DECODE_LAYER_PATHS["triton"]
 EXAMPLES = {F32: 12, BF16: 12, F16: 4}  # drawn examples beyond the three edge cases, per dtype
-# A broken kernel must fail within a few drawn examples; no shrinking (each call is slow), no example
-# database (a stored failure must not replay elsewhere), fixed seed.
-FALSIFY = settings(max_examples=10, derandomize=True, database=None, deadline=None,
-                   phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
 
 
 def _bounds(dtype: torch.dtype) -> tuple[float, float]:

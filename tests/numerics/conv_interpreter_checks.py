@@ -17,21 +17,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import settings
 
 from model.gdn import CONV_PATHS, conv, triton_conv
 from model.paths import LOW_PRECISION
 from model.tolerances import GDN_CONV_PATHS
-from tests.numerics.kernel_mutants import load_mutant
+from tests.numerics.kernel_mutants import FALSIFY, load_mutant
 from tests.numerics.test_gdn_conv import ConvCase, check_conv_path, conv_inputs, edge_cases
 
 F32, BF16 = torch.float32, torch.bfloat16
 PATH = CONV_PATHS["triton"]
 DTYPE_IDS = {d: str(d).removeprefix("torch.") for d in LOW_PRECISION}
-# A broken kernel must fail within a few drawn examples; no shrinking (each call is slow), no example
-# database (a stored failure must not replay elsewhere), fixed seed.
-FALSIFY = settings(max_examples=10, derandomize=True, database=None, deadline=None,
-                   phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
 
 
 def test_kernel_runs_through_the_interpreter_on_cpu():

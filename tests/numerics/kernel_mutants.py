@@ -7,7 +7,14 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["load_mutant"]
+from hypothesis import HealthCheck, Phase, settings
+
+__all__ = ["FALSIFY", "load_mutant"]
+
+# The property run against a mutant: a broken kernel must fail within a few drawn examples; no shrinking (each
+# interpreted call is slow), no example database (a stored failure must not replay elsewhere), fixed seed.
+FALSIFY = settings(max_examples=10, derandomize=True, database=None, deadline=None,
+                   phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
 
 
 def load_mutant(original: ModuleType, tmp_path: Path, name: str, old: str, new: str) -> ModuleType:

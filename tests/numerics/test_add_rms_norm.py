@@ -30,7 +30,7 @@ from model.paths import LOW_PRECISION
 from model.tolerances import ADD_NORM_PATHS
 from tests.numerics.compare import relative_error
 from tests.numerics.gdn_attention_cases import generator, randn
-from tests.numerics.path_checks import cpu_skip_marks, run_property
+from tests.numerics.path_checks import path_params, run_property
 from tests.numerics.test_norm import DTYPE_BY_NAME, DTYPES, EPS, SCALE_EXPONENTS
 
 F64, F32, BF16, F16 = torch.float64, torch.float32, torch.bfloat16, torch.float16
@@ -212,15 +212,6 @@ def reference_step(h, y, weight, eps):
 BITS_AGAINST = {"reference": reference_step, "fused": fused_step}
 
 
-def _path_params():
-    """(name, dtype) for each dtype a path declares; skipped, with where it is tested, where this CPU cannot run it."""
-    for name, path in sorted(ADD_RMS_NORM_PATHS.items()):
-        for dtype in DTYPES:
-            if dtype in path.dtypes:
-                yield pytest.param(name, dtype, id=f"{name}-{str(dtype).removeprefix('torch.')}",
-                                   marks=cpu_skip_marks(name, path, dtype, TESTED_ELSEWHERE))
-
-
 def test_every_path_has_a_tolerance_for_each_dtype_it_takes():
     missing = [(name, dtype) for name, path in ADD_RMS_NORM_PATHS.items() for dtype in DTYPES
                if dtype in path.dtypes and dtype not in ADD_NORM_PATHS.get(name, {})]
@@ -238,13 +229,14 @@ def test_every_cpu_path_says_what_it_equals_bit_for_bit():
     assert cpu_paths <= set(BITS_AGAINST), f"say what {sorted(cpu_paths - set(BITS_AGAINST))} equal in BITS_AGAINST"
 
 
-@pytest.mark.parametrize(("name", "dtype"), list(_path_params()))
+@pytest.mark.parametrize(("name", "dtype"), list(path_params(ADD_RMS_NORM_PATHS, DTYPES, TESTED_ELSEWHERE)))
 def test_add_norm_path_equals_float64_reference(name, dtype):
     check_add_norm_path(ADD_RMS_NORM_PATHS[name].fn, dtype, ADD_NORM_PATHS[name][dtype], examples=edge_cases(dtype),
                         bits_against=BITS_AGAINST.get(name))
 
 
-@pytest.mark.parametrize(("name", "dtype"), [p for p in _path_params() if p.values[1] in (F64, BF16)])
+@pytest.mark.parametrize(("name", "dtype"), [p for p in path_params(ADD_RMS_NORM_PATHS, DTYPES, TESTED_ELSEWHERE)
+                                              if p.values[1] in (F64, BF16)])
 def test_zero_rows_give_empty_outputs(name, dtype):
     for shape in [(0, 16), (0, 3, 2048), (2, 0, 5)]:
         h = torch.empty(shape, dtype=dtype)

@@ -21,7 +21,7 @@ from model.norm import ADD_RMS_NORM_PATHS, rms_norm_reference
 from model.paths import LOW_PRECISION
 from model.tolerances import ADD_NORM_PATHS
 from tests.numerics.compare import assert_close, relative_error
-from tests.numerics.gpu_timing import eager_wall_us, write_gpu_report
+from tests.numerics.gpu_timing import eager_wall_us, through_the_jit, write_gpu_report
 from tests.numerics.test_add_rms_norm import EPS, add_norm_cases, bit_differences, check_add_norm_path, same_bits
 
 pytestmark = pytest.mark.gpu
@@ -60,17 +60,6 @@ def _inputs(rows: int, dtype: torch.dtype, seed: int, offset: int = 0, width: in
 def _assert_same_bits(got, want, what: str) -> None:
     for name, a, b in zip(("h_new", "normed"), got, want):
         assert same_bits(a, b), f"{what}: {name} differs: {bit_differences(a, b)}"
-
-
-def _jit_only(fn):
-    """fn() with every prepared launch forced through the JIT (a launch hook set does that)."""
-    runtime = triton_launch.knobs.runtime
-    kept = runtime.launch_enter_hook
-    runtime.launch_enter_hook = lambda *args: None
-    try:
-        return fn()
-    finally:
-        runtime.launch_enter_hook = kept
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION, ids=DTYPE_IDS.get)
@@ -134,7 +123,7 @@ def test_prepared_launch_equals_the_jit(rows):
         ("float32", _inputs(rows, F32, seed=rows + 3)),
     ]
     for name, (h, y, w) in cases:
-        expected = _jit_only(lambda h=h, y=y, w=w: PATH.fn(h, y, w, EPS))
+        expected = through_the_jit(lambda h=h, y=y, w=w: PATH.fn(h, y, w, EPS))
         _assert_same_bits(expected, torch_then_rms_norm_triton(h, y, w, EPS), f"{name} through the JIT")
         before = triton_launch.direct_launches()
         for _ in range(3):  # the first call of a new key may take the JIT; the later ones must not

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import json
 from dataclasses import dataclass
 from typing import Callable
 from unittest.mock import patch
@@ -33,12 +32,13 @@ from model.attention_decode import (
     select_attention_decode_layer_path,
     served_attention_decode_layer,
 )
-from model.dispatch_table import BLOCKS, SCHEMA, TABLE_ENV, clear_table_cache
+from model.dispatch_table import BLOCKS
 from model.rope import rope_cos_sin
 from model.tolerances import ATTENTION_CORES, ATTENTION_DECODE_LAYER, ATTENTION_DECODE_LAYER_CACHE
+from tests.numerics.dispatch_fixture import one_block_table
 from tests.numerics.compare import cpu_supports, relative_error
 from tests.numerics.gdn_attention_cases import generator, randn, random_attention_weights
-from tests.numerics.path_checks import cpu_skip_marks, run_property
+from tests.numerics.path_checks import path_params, run_property
 
 F64, F32, BF16, F16 = torch.float64, torch.float32, torch.bfloat16, torch.float16
 DTYPES = (F64, F32, BF16, F16)
@@ -186,16 +186,6 @@ def edge_cases(dtype: torch.dtype) -> tuple[AttentionDecodeCase, ...]:
             AttentionDecodeCase(4, 16, "all", 3, MAX_LEN - 1, name, 2))
 
 
-def _path_params():
-    for name, path in ATTENTION_DECODE_LAYER_PATHS.items():
-        for dtype in DTYPES:
-            if dtype not in path.dtypes:
-                continue
-            no_f16 = "this CPU build has no float16 GEMM" if dtype == F16 and not cpu_supports(F16) else None
-            yield pytest.param(name, dtype, id=f"{name}-{str(dtype).removeprefix('torch.')}",
-                               marks=cpu_skip_marks(name, path, dtype, TESTED_ELSEWHERE, no_f16))
-
-
 def test_every_path_has_tolerances_for_each_dtype_it_takes():
     missing = [(name, dtype) for name, path in ATTENTION_DECODE_LAYER_PATHS.items() for dtype in DTYPES
                if dtype in path.dtypes and (dtype not in ATTENTION_DECODE_LAYER.get(name, {})
@@ -216,7 +206,12 @@ def test_every_path_takes_one_token_only_and_keeps_the_cache_in_the_activation_d
     assert REFERENCE.output_dtype(BF16) == F64
 
 
-@pytest.mark.parametrize(("name", "dtype"), list(_path_params()))
+def _no_f16(dtype) -> str | None:
+    return "this CPU build has no float16 GEMM" if dtype == F16 and not cpu_supports(F16) else None
+
+
+@pytest.mark.parametrize(("name", "dtype"),
+                         list(path_params(ATTENTION_DECODE_LAYER_PATHS, DTYPES, TESTED_ELSEWHERE, _no_f16)))
 def test_decode_path_equals_float64_reference(name, dtype):
     path = ATTENTION_DECODE_LAYER_PATHS[name]
     check_attention_decode_path(path.fn, dtype, ATTENTION_DECODE_LAYER[name][dtype],
@@ -337,20 +332,8 @@ def test_the_dispatch_table_knows_the_block():
 @pytest.fixture
 def decode_table(tmp_path, monkeypatch):
     """QWEN36_DISPATCH_TABLE pointing at a table with an `attention_layer_decode` block written from `ranges`."""
-
-    def write(ranges, dtype: str = "float32"):
-        path = tmp_path / "table.json"
-        block = {"keyed_by": "batch", "ranges": [{"from": lo, "to": hi, "path": p} for lo, hi, p in ranges]}
-        path.write_text(json.dumps({"schema": SCHEMA, "device": "cpu", "dtype": dtype, "recorded": {},
-                                    "blocks": {"attention_layer_decode": block}}))
-        monkeypatch.setenv(TABLE_ENV, str(path))
-        clear_table_cache()
-
-    monkeypatch.delenv(TABLE_ENV, raising=False)
-    clear_table_cache()
-    yield write
-    monkeypatch.delenv(TABLE_ENV, raising=False)
-    clear_table_cache()
+    with one_block_table(tmp_path, monkeypatch, "attention_layer_decode") as write:
+        yield write
 
 
 def test_choice_is_staged_without_a_table(decode_table):

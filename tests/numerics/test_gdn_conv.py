@@ -22,7 +22,7 @@ from model.gdn import CONV_PATHS, run_conv_path
 from model.tolerances import GDN_CONV_PATHS, GDN_HANDOVER
 from tests.numerics.compare import assert_close, cpu_supports, relative_error
 from tests.numerics.gdn_attention_cases import generator, randn
-from tests.numerics.path_checks import cpu_skip_marks, run_property
+from tests.numerics.path_checks import path_params, run_property
 
 F64, F32, BF16, F16 = torch.float64, torch.float32, torch.bfloat16, torch.float16
 DTYPES = [d for d in (F64, F32, BF16) if cpu_supports(d)]
@@ -116,16 +116,6 @@ def edge_cases(dtype: torch.dtype) -> tuple[ConvCase, ...]:
     )
 
 
-def _path_params():
-    """(name, dtype) for each dtype a path declares; skipped, with where it is tested, where this CPU cannot run it."""
-    for name, path in sorted(CONV_PATHS.items()):
-        for dtype in DTYPES:
-            if dtype not in path.dtypes:
-                continue
-            yield pytest.param(name, dtype, id=f"{name}-{str(dtype).removeprefix('torch.')}",
-                               marks=cpu_skip_marks(name, path, dtype, TESTED_ELSEWHERE))
-
-
 def test_every_conv_path_has_a_tolerance_for_each_dtype_it_takes():
     missing = [(name, d) for name, path in CONV_PATHS.items() for d in DTYPES
                if d in path.dtypes and d not in GDN_CONV_PATHS.get(name, {})]
@@ -139,7 +129,7 @@ def test_every_conv_path_this_cpu_cannot_run_names_where_it_is_tested():
     assert not untested, f"conv paths {untested} cannot run on this CPU: test them elsewhere, add to TESTED_ELSEWHERE"
 
 
-@pytest.mark.parametrize(("name", "dtype"), list(_path_params()))
+@pytest.mark.parametrize(("name", "dtype"), list(path_params(CONV_PATHS, DTYPES, TESTED_ELSEWHERE)))
 def test_conv_path_equals_window_sum(name, dtype):
     path = CONV_PATHS[name]
     check_conv_path(lambda x, w, s: run_conv_path(name, x, w, s), dtype, GDN_CONV_PATHS[name][dtype],

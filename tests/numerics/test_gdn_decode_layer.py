@@ -11,7 +11,6 @@ same property runs for it (`TESTED_ELSEWHERE`): `triton` under Triton's interpre
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Callable
 from unittest.mock import patch
@@ -21,12 +20,12 @@ import torch
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from model.dispatch_table import SCHEMA, TABLE_ENV, clear_table_cache
 from model.gdn import GDN_DECODE_LAYER_PATHS, GDNDims, GDNState, gdn_layer, select_decode_layer_path
 from model.tolerances import GDN_DECODE_LAYER, GDN_DECODE_LAYER_STATE
+from tests.numerics.dispatch_fixture import one_block_table
 from tests.numerics.compare import cpu_supports, poisoned_like, relative_error
 from tests.numerics.gdn_attention_cases import TINY_GDN, generator, randn, random_gdn_state, random_gdn_weights
-from tests.numerics.path_checks import cpu_skip_marks, run_property
+from tests.numerics.path_checks import path_params, run_property
 
 F64, F32, BF16, F16 = torch.float64, torch.float32, torch.bfloat16, torch.float16
 DTYPES = (F64, F32, BF16, F16)
@@ -157,16 +156,6 @@ def edge_cases(dtype: torch.dtype) -> tuple[DecodeCase, ...]:
     return tuple(DecodeCase(dims, 1, name, i) for i, dims in enumerate(sorted(DECODE_DIMS)))
 
 
-def _path_params():
-    for name, path in GDN_DECODE_LAYER_PATHS.items():
-        for dtype in DTYPES:
-            if dtype not in path.dtypes:
-                continue
-            no_f16 = "this CPU build has no float16 GEMM" if dtype == F16 and not cpu_supports(F16) else None
-            yield pytest.param(name, dtype, id=f"{name}-{str(dtype).removeprefix('torch.')}",
-                               marks=cpu_skip_marks(name, path, dtype, TESTED_ELSEWHERE, no_f16))
-
-
 def test_every_decode_layer_path_has_tolerances_for_each_dtype_it_takes():
     missing = [(name, dtype) for name, path in GDN_DECODE_LAYER_PATHS.items() for dtype in DTYPES
                if dtype in path.dtypes and (dtype not in GDN_DECODE_LAYER.get(name, {})
@@ -184,7 +173,12 @@ def test_every_path_takes_one_token_only():
     assert all(p.takes_tokens(1) and not p.takes_tokens(2) for p in GDN_DECODE_LAYER_PATHS.values())
 
 
-@pytest.mark.parametrize(("name", "dtype"), list(_path_params()))
+def _no_f16(dtype) -> str | None:
+    return "this CPU build has no float16 GEMM" if dtype == F16 and not cpu_supports(F16) else None
+
+
+@pytest.mark.parametrize(("name", "dtype"), list(path_params(GDN_DECODE_LAYER_PATHS, DTYPES, TESTED_ELSEWHERE,
+                                                               _no_f16)))
 def test_decode_layer_path_equals_float64_reference(name, dtype):
     path = GDN_DECODE_LAYER_PATHS[name]
     check_decode_layer_path(
@@ -284,20 +278,8 @@ def test_stacked_input_projection_is_a_view_when_loaded_and_a_cached_copy_otherw
 @pytest.fixture
 def decode_table(tmp_path, monkeypatch):
     """QWEN36_DISPATCH_TABLE pointing at a table with a `gdn_layer_decode` block written from `ranges`."""
-
-    def write(ranges, dtype: str = "float32"):
-        path = tmp_path / "table.json"
-        block = {"keyed_by": "batch", "ranges": [{"from": lo, "to": hi, "path": p} for lo, hi, p in ranges]}
-        path.write_text(json.dumps({"schema": SCHEMA, "device": "cpu", "dtype": dtype, "recorded": {},
-                                    "blocks": {"gdn_layer_decode": block}}))
-        monkeypatch.setenv(TABLE_ENV, str(path))
-        clear_table_cache()
-
-    monkeypatch.delenv(TABLE_ENV, raising=False)
-    clear_table_cache()
-    yield write
-    monkeypatch.delenv(TABLE_ENV, raising=False)
-    clear_table_cache()
+    with one_block_table(tmp_path, monkeypatch, "gdn_layer_decode") as write:
+        yield write
 
 
 def test_decode_layer_choice_is_staged_without_a_table(decode_table):

@@ -15,7 +15,7 @@ from harness.tune.inputs import gdn_weights, moe_weights
 from model import triton_launch
 from model.gdn import GDNState, run_decode_layer
 from model.moe import moe_block
-from tests.numerics.gpu_timing import eager_wall_us
+from tests.numerics.gpu_timing import eager_wall_us, through_the_jit
 
 pytestmark = pytest.mark.gpu
 
@@ -31,17 +31,6 @@ def _x(tokens: int, hidden: int, seed: int, offset: int = 0) -> torch.Tensor:
     return flat[offset:].view(tokens, hidden)
 
 
-def _jit_only(fn):
-    """fn() with every prepared launch forced through the JIT (a launch hook set does that)."""
-    runtime = triton_launch.knobs.runtime
-    kept = runtime.launch_enter_hook
-    runtime.launch_enter_hook = lambda *args: None
-    try:
-        return fn()
-    finally:
-        runtime.launch_enter_hook = kept
-
-
 @pytest.mark.parametrize("tokens", [1, 3, 8, 64])
 def test_fused_moe_block_prepared_equals_jit(tokens):
     w = moe_weights(REAL_PER_RANK.moe, BF16, CUDA)
@@ -53,7 +42,7 @@ def test_fused_moe_block_prepared_equals_jit(tokens):
         ("other dims", small, _x(tokens, SMALL_MOE.hidden, seed=tokens + 3)),
     ]
     for name, weights, x in cases:
-        expected = _jit_only(lambda: moe_block(x, weights, block="triton_fused_block"))
+        expected = through_the_jit(lambda: moe_block(x, weights, block="triton_fused_block"))
         before = triton_launch.direct_launches()
         for _ in range(3):  # the first call of a new shape may take the JIT; the later ones must not
             got = moe_block(x, weights, block="triton_fused_block")
@@ -74,7 +63,7 @@ def test_fused_gdn_decode_layer_prepared_equals_jit(batch):
     state = _gdn_state(batch, seed=batch)
     x = _x(batch, 2048, seed=batch)[:, None]
     out = GDNState(conv=torch.empty_like(state.conv), recurrent=torch.empty_like(state.recurrent))
-    expected_y = _jit_only(lambda: run_decode_layer("triton", x, w, state, out))
+    expected_y = through_the_jit(lambda: run_decode_layer("triton", x, w, state, out))
     expected = (expected_y, out.conv.clone(), out.recurrent.clone())
     before = triton_launch.direct_launches()
     for _ in range(3):
@@ -85,7 +74,7 @@ def test_fused_gdn_decode_layer_prepared_equals_jit(batch):
     # In place (the state is both read and written): two steps through the prepared route equal two JIT steps.
     a, b = _gdn_state(batch, seed=99), _gdn_state(batch, seed=99)
     for _ in range(2):
-        ya = _jit_only(lambda: run_decode_layer("triton", x, w, a, a))
+        ya = through_the_jit(lambda: run_decode_layer("triton", x, w, a, a))
         yb = run_decode_layer("triton", x, w, b, b)
         assert torch.equal(ya, yb) and torch.equal(a.conv, b.conv) and torch.equal(a.recurrent, b.recurrent)
 
@@ -103,7 +92,7 @@ def test_eager_wall_time_jit_against_prepared():
         "gdn decode layer triton B=1": lambda: run_decode_layer("triton", x[:, None], gw, state, out),
     }
     for name, fn in blocks.items():
-        rounds = [(_jit_only(lambda: eager_wall_us(fn)), eager_wall_us(fn)) for _ in range(3)]
+        rounds = [(through_the_jit(lambda: eager_wall_us(fn)), eager_wall_us(fn)) for _ in range(3)]
         jit, prepared = min(r[0] for r in rounds), min(r[1] for r in rounds)
         print(f"{name}: eager wall {jit:.1f} us through the JIT, {prepared:.1f} us prepared "
               f"(best of 3 rounds of 200 calls; rounds {[(round(a), round(b)) for a, b in rounds]})")
