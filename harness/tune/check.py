@@ -17,18 +17,16 @@ from pathlib import Path
 
 import torch
 
-from model.attention_decode import select_attention_decode_layer_path
 from model.dispatch_table import TABLE_ENV, clear_table_cache
-from model.gdn import select_conv_path, select_decode_layer_path, select_gated_norm_path, select_rule_path
+from model.gdn import select_decode_layer_path, select_rule_path
 from model.moe import MoEConfig, select_block_path, select_expert_path
-from model.norm import select_add_rms_norm_path
 
 from . import dims as D
 from .add_run import add_run
 from .block_rows import COMPOSED, STAGED, block_choice, fused_layer_paths
 from .ceilings import ceilings_for
 from .device_table import RECORD_COMMAND, TableRefused, open_device_table
-from .check_plan import CheckPlan, layer_paths_to_time, plan_check, ranking_block
+from .check_plan import STAGE_DEFAULTS, CheckPlan, layer_paths_to_time, plan_check, ranking_block
 from .gate import FLOORS, MIN_SWEEPS, PointVerdict, StaleVerdict, judge_point, judge_stale
 from .gdn import sweep_gdn
 from .gdn_layer import time_gdn_layer
@@ -166,21 +164,15 @@ def _measure(plan: CheckPlan, dims: D.TuneDims, s: Settings, a, ceilings) -> lis
     return rows
 
 
+# The dispatchers called as (key, device, dtype); the routed experts and the delta rule take other arguments.
+SELECTORS = {**STAGE_DEFAULTS, "moe_block": select_block_path, "gdn_layer_decode": select_decode_layer_path}
+
+
 def _served(block: str, key: int, device, dtype) -> str:
     if block == "moe_experts":
         return select_expert_path(key, MoEConfig(), device, dtype)
-    if block == "moe_block":
-        return select_block_path(key, device, dtype)
-    if block == "gdn_layer_decode":
-        return select_decode_layer_path(key, device, dtype)
-    if block == "gdn_conv":
-        return select_conv_path(key, device, dtype)
-    if block == "gdn_gated_norm":
-        return select_gated_norm_path(key, device, dtype)
-    if block == "attention_layer_decode":
-        return select_attention_decode_layer_path(key, device, dtype)
-    if block == "add_rms_norm":
-        return select_add_rms_norm_path(key, device, dtype)
+    if block in SELECTORS:
+        return SELECTORS[block](key, device, dtype)
     return select_rule_path(1, key, device, dtype) if block == "gdn_decode" else select_rule_path(key, 1, device, dtype)
 
 

@@ -25,11 +25,10 @@ from pathlib import Path
 
 import torch
 
+from model.attention_decode import served_attention_decode_layer
 from model.dispatch_table import table_file_name
 from model.gdn import select_conv_path, select_gated_norm_path, select_rule_path, served_decode_layer
-from model.moe import select_block_path, select_expert_path
-from model.attention_decode import served_attention_decode_layer
-from model.moe import ROUTERS
+from model.moe import ROUTERS, select_block_path, select_expert_path
 from model.norm import ADD_RMS_NORM_PATHS, GATED_NORM_PATHS, RMS_NORM_PATHS, compute_dtype
 from model.qwen36 import ConfigError, Qwen36Config, Qwen36Model, Qwen36Paths
 
@@ -210,7 +209,8 @@ def model_paths(a, device: torch.device, dtype: torch.dtype) -> Qwen36Paths:
     """The model's paths with --router and --norm put in, each checked to run here (ValueError saying why not)."""
     default = Qwen36Paths()
     router, norm = a.router or default.router, a.norm or default.norm
-    for table, name in ((ROUTERS, router), (RMS_NORM_PATHS, norm), (ADD_RMS_NORM_PATHS, norm), (GATED_NORM_PATHS, norm)):
+    forced = ((ROUTERS, router), (RMS_NORM_PATHS, norm), (ADD_RMS_NORM_PATHS, norm), (GATED_NORM_PATHS, norm))
+    for table, name in forced:
         if name is None:  # the model's default: nothing forced
             continue
         if name not in table:
