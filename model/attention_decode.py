@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from . import triton_support
 from .attention import ATTENTION_CORES, AttentionWeights, StaticKVCache, gated_attention_static
+from .dispatch_scope import scoped
 from .dispatch_table import served_path
 from .norm import RMS_NORM_PATHS
 from .paths import LOW_PRECISION, ComputePath, PathTable, always_float64, same_as_input
@@ -99,6 +100,7 @@ ATTENTION_DECODE_LAYER_PATHS = PathTable("attention decode layer path", [
 ])
 
 
+@scoped
 def select_attention_decode_layer_path(
     batch: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
 ) -> str:

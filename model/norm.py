@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from . import triton_support
+from .dispatch_scope import scoped
 from .dispatch_table import served_path
 from .paths import LOW_PRECISION, ComputePath, PathTable, compute_dtype
 
@@ -192,6 +193,7 @@ ADD_RMS_NORM_PATHS = PathTable("residual add + RMSNorm path", [
 ])
 
 
+@scoped
 def select_add_rms_norm_path(
     rows: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
 ) -> str:

@@ -2,9 +2,15 @@
 
 `qwen36 tune step --router ... --norm ...` run as separate processes drifted by 30% between runs of one
 setting on the H200 host (reports/decode-step-2026-12-04.md), more than the effect sought. Here both models
-share one set of random weights and one prefilled cache; rounds alternate which side goes first, and each
-round times a median of `--reps` eager steps per side (harness.tune.timing.time_eager: L2 flushed, CUDA events).
-The per-round ratio B/A is what the verdict rests on. Writes a JSON of every round.
+share one set of random weights and one prefill; rounds alternate which side goes first, and each round times a
+median of `--reps` eager steps per side (harness.tune.timing.time_eager: L2 flushed, CUDA events). The per-round
+ratio B/A is what the verdict rests on. Writes a JSON of every round, and each side's first logits' relative
+difference from the other (the two sides compute one step).
+
+`--cache static` (the default) times the step `qwen36 tune step` times and a captured graph replays: over a
+StaticDecodeCache, every sample from the same restored state, so the full-attention layer's one-token path
+(`attention_decode_layer`) applies. `--cache dynamic` times `forward(ids, cache)` over the prefill's dynamic
+cache, which never takes that path.
 
     python3 tools/step_path_ab.py --b router=triton_fused,norm=triton --batches 1,8 --rounds 12 --out ab.json
 
@@ -28,8 +34,9 @@ import torch
 
 from harness.tune.inputs import generator, rank_config, rank_weights
 from harness.tune.step import QWEN36_35B_A3B, TINY_MODEL
+from harness.tune.step_graph import RestoringFlusher, relative_difference
 from harness.tune.timing import L2Flusher, time_eager, warm_device
-from model.qwen36 import Qwen36Config, Qwen36Model, Qwen36Paths
+from model.qwen36 import CapturableDecodeStep, Qwen36Cache, Qwen36Config, Qwen36Model, Qwen36Paths
 
 
 def paths_from(spec: str) -> dict[str, str]:
@@ -53,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--dims", choices=("real", "tiny"), default="real")
+    p.add_argument("--cache", choices=("static", "dynamic"), default="static",
+                   help="static: the capturable step over a static cache (default); dynamic: forward over the prefill's")
     p.add_argument("--device", default=None)
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
@@ -64,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     models = {side: Qwen36Model(weights, Qwen36Paths(**fields)) for side, fields in choices.items()}
     flusher = L2Flusher(device, 256 * 2**20)
     warm_device(device)
-    result = {"a": choices["a"], "b": choices["b"],
+    result = {"a": choices["a"], "b": choices["b"], "cache": a.cache,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "reps": a.reps, "rounds": a.rounds, "batches": {}}
     for batch in (int(x) for x in a.batches.split(",")):
@@ -73,23 +82,49 @@ def main(argv: list[str] | None = None) -> int:
         logits, cache = models["a"].forward(prompt)
         ids = logits[:, -1].argmax(-1, keepdim=True)
         del logits
+        steps = {side: step_of(models[side], cache, ids, a.cache, device, flusher) for side in models}
+        first = {side: step.first_logits for side, step in steps.items()}
         rounds = []
         for r in range(a.rounds):
             order = ("a", "b") if r % 2 == 0 else ("b", "a")
-            ms = {side: time_eager(lambda m=models[side]: m.forward(ids, cache), device, flusher, a.reps, 2)
-                  .median_us / 1e3 for side in order}
+            ms = {side: steps[side].time(a.reps).median_us / 1e3 for side in order}
             rounds.append({"order": "".join(order), **ms, "ratio": ms["b"] / ms["a"]})
             print(f"B={batch} round {r}: a {ms['a']:.2f} ms, b {ms['b']:.2f} ms, b/a {ms['b'] / ms['a']:.3f}",
                   file=sys.stderr)
         ratios = sorted(x["ratio"] for x in rounds)
         result["batches"][batch] = {"rounds": rounds, "median_ratio": statistics.median(ratios),
                                     "ratio_min": ratios[0], "ratio_max": ratios[-1],
-                                    "b_faster_rounds": sum(x < 1 for x in ratios)}
+                                    "b_faster_rounds": sum(x < 1 for x in ratios),
+                                    "b_vs_a_logits_rel_diff": relative_difference(first["b"], first["a"])}
         print(f"B={batch}: b/a median {statistics.median(ratios):.3f} (min {ratios[0]:.3f}, max {ratios[-1]:.3f}); "
               f"b faster in {sum(x < 1 for x in ratios)} of {len(ratios)} rounds")
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+class TimedStep:
+    """One side's decode step after the shared prefill, timed from the same state every sample."""
+
+    def __init__(self, run, rewind, device: torch.device, warmup: int):
+        self.run, self.rewind, self.device = run, rewind, device
+        self.first_logits = run().float()
+        for _ in range(warmup):  # compilation and autotuning stay out of the samples
+            rewind.flush()
+            run()
+        rewind.flush()
+
+    def time(self, reps: int):
+        return time_eager(self.run, self.device, self.rewind, reps, 0)
+
+
+def step_of(model: Qwen36Model, cache: Qwen36Cache, ids: torch.Tensor, kind: str, device: torch.device,
+            flusher: L2Flusher) -> TimedStep:
+    if kind == "dynamic":  # forward leaves a dynamic cache as it was: every call is the same step
+        return TimedStep(lambda: model.forward(ids, cache)[0], flusher, device, 2)
+    step = CapturableDecodeStep.from_prefill(model, cache, cache.length + 1)
+    step.ids.copy_(ids)
+    return TimedStep(step.run, RestoringFlusher(step, step.snapshot(), flusher), device, 2)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from model.qwen36.static_step import StepSnapshot, greedy_logits
 from .measure import Settings
 from .timing import L2Flusher, Timing, graphs_supported, time_eager, time_graph
 
-__all__ = ["CHECK_STEPS", "GraphResult", "measure_static_step"]
+__all__ = ["CHECK_STEPS", "GraphResult", "RestoringFlusher", "measure_static_step", "relative_difference"]
 
 CHECK_STEPS = 3  # greedy steps compared between the eager static step and the replay
 
@@ -72,7 +72,8 @@ def _max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max((x.double() - y.double()).abs().max().item() for x, y in zip(a, b))
 
 
-def _relative(out: torch.Tensor, ref: torch.Tensor) -> float:
+def relative_difference(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref||, in float64."""
     ref64 = ref.double()
     return ((out.double() - ref64).norm() / ref64.norm()).item()
 
@@ -100,7 +101,7 @@ def measure_static_step(model: Qwen36Model, cache: Qwen36Cache, ids: torch.Tenso
     step = CapturableDecodeStep.from_prefill(model, cache, cache.length + CHECK_STEPS)
     saved = step.snapshot()
     result = GraphResult("n/a (CUDA only)", max_len=step.cache.max_len)
-    result.static_vs_dynamic = _relative(step.run(ids), dynamic_logits)
+    result.static_vs_dynamic = relative_difference(step.run(ids), dynamic_logits)
     step.restore(saved)
     tick(f"B={batch}: {s.reps} timed decode steps over the static cache")
     rewind = RestoringFlusher(step, saved, s.flusher)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import triton_support
+from ..dispatch_scope import scoped
 from ..dispatch_table import served_path
 from ..norm import GATED_NORM_PATHS
 from ..paths import LOW_PRECISION, ComputePath, PathTable, always_float64
@@ -104,6 +105,7 @@ GDN_DECODE_LAYER_PATHS = PathTable("GDN decode layer path", [
 ])
 
 
+@scoped
 def select_decode_layer_path(batch: int, device: torch.device | str, dtype: torch.dtype) -> str:
     """The serving choice: the device's dispatch table entry for `gdn_layer_decode` at this batch where it names
     a path that can run, else `staged` (what gdn_layer ran before this table)."""

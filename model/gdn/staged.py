@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..dispatch_scope import scoped
 from ..dispatch_table import served_path
 from ..norm import GATED_NORM_PATHS, compute_dtype
 from .conv import CONV_PATHS, run_conv_path
@@ -33,6 +34,7 @@ def gdn_gating(
     return g, torch.sigmoid(b.to(ct))
 
 
+@scoped
 def select_rule_path(
     num_tokens: int,
     batch: int = 1,
@@ -47,6 +49,7 @@ def select_rule_path(
     return served_path(GDN_RULE_PATHS, block, key, num_tokens, device, dtype, default)
 
 
+@scoped
 def select_conv_path(
     num_tokens: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
 ) -> str:
@@ -57,6 +60,7 @@ def select_conv_path(
     return served_path(CONV_PATHS, "gdn_conv", num_tokens, num_tokens, device, dtype, default)
 
 
+@scoped
 def select_gated_norm_path(
     rows: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
 ) -> str:

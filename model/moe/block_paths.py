@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import triton_support
+from ..dispatch_scope import scoped
 from ..dispatch_table import table_path_for
 from ..paths import LOW_PRECISION, ComputePath, PathTable, always_float64
 from .block import MoEWeights, moe_block_reference, shared_expert
@@ -77,6 +78,7 @@ MOE_BLOCK_PATHS = PathTable("MoE block path", [
 ])
 
 
+@scoped
 def select_block_path(
     num_tokens: int,
     device: torch.device | str,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..dispatch_scope import scoped
 from ..dispatch_table import table_path_for
 from .config import PREFILL_IMPLS, TINY_IMPLS, MoEConfig
 from .experts import EXPERT_PATHS, run_expert_path
@@ -10,6 +11,7 @@ from .experts import EXPERT_PATHS, run_expert_path
 __all__ = ["select_expert_path", "dispatch_experts"]
 
 
+@scoped
 def select_expert_path(
     num_tokens: int,
     config: MoEConfig,

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from ..attention import ATTENTION_CORES, KVCache, gated_attention
 from ..attention_decode import attention_static
+from ..dispatch_scope import one_dispatch_scope
 from ..gdn import CONV_PATHS, GDN_RULE_PATHS, GDNState, gdn_layer
 from ..moe import MoEConfig, MoEWeights, moe_block
 from ..norm import ADD_RMS_NORM_PATHS, RMS_NORM_PATHS, select_add_rms_norm_path
@@ -128,7 +129,12 @@ class Qwen36Model:
         None leaves every block unwrapped, so the untraced step costs what it did before the hook."""
         if input_ids.dim() != 2 or input_ids.shape[1] < 1:
             raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}; expected [batch, tokens >= 1]")
-        cache = self.new_cache() if cache is None else cache
+        with one_dispatch_scope():  # every layer asks the dispatchers the same questions: answer each once
+            return self._forward(input_ids, self.new_cache() if cache is None else cache, trace)
+
+    def _forward(
+        self, input_ids: torch.Tensor, cache: Qwen36Cache | StaticDecodeCache, trace: Trace | None,
+    ) -> tuple[torch.Tensor, Qwen36Cache | StaticDecodeCache]:
         static = isinstance(cache, StaticDecodeCache)
         tokens = input_ids.shape[1]
         norm = self.paths.between_blocks_norm(input_ids.numel(), input_ids.device, self.weights.embed.dtype)
