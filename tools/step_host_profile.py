@@ -26,10 +26,9 @@ from pathlib import Path
 
 import torch
 
-from harness.tune.inputs import generator, rank_config, rank_weights
-from harness.tune.step import QWEN36_35B_A3B, TINY_MODEL
-from model.qwen36 import CapturableDecodeStep, Qwen36Config, Qwen36Model, Qwen36Paths
-from step_path_ab import paths_from  # tools/ is the script's own directory
+from harness.tune.inputs import generator
+from model.qwen36 import CapturableDecodeStep, Qwen36Model, Qwen36Paths
+from step_path_ab import paths_from, rank_model_weights  # tools/ is the script's own directory
 
 
 def _where(filename: str, name: str) -> str:
@@ -65,10 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
     chosen = paths_from(a.paths)
-    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    cfg = rank_config(Qwen36Config.from_hf_dict(QWEN36_35B_A3B if a.dims == "real" else TINY_MODEL), 4)
-    model = Qwen36Model(rank_weights(cfg, dtype, device), Qwen36Paths(**chosen))
+    device, cfg, weights = rank_model_weights(a.dims, a.device)
+    model = Qwen36Model(weights, Qwen36Paths(**chosen))
     prompt = torch.randint(0, cfg.vocab_size, (a.batch, a.prefill), generator=generator(device, 91_000 + a.batch),
                            device=device)
     logits, cache = model.forward(prompt)

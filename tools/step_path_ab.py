@@ -36,7 +36,7 @@ from harness.tune.inputs import generator, rank_config, rank_weights
 from harness.tune.step import QWEN36_35B_A3B, TINY_MODEL
 from harness.tune.step_graph import RestoringFlusher, relative_difference
 from harness.tune.timing import L2Flusher, time_eager, warm_device
-from model.qwen36 import CapturableDecodeStep, Qwen36Cache, Qwen36Config, Qwen36Model, Qwen36Paths
+from model.qwen36 import CapturableDecodeStep, Qwen36Cache, Qwen36Config, Qwen36Model, Qwen36Paths, Qwen36Weights
 
 
 def paths_from(spec: str) -> dict[str, str]:
@@ -49,6 +49,15 @@ def paths_from(spec: str) -> dict[str, str]:
             raise SystemExit(f"step_path_ab: {item!r} is not field=value with a field of {sorted(known)}")
         out[name] = value
     return out
+
+
+def rank_model_weights(dims: str, device: str | None) -> tuple[torch.device, Qwen36Config, Qwen36Weights]:
+    """(device, config, random weights) of one rank at TP=4 of the real model or the tiny one: bf16 on CUDA (the
+    default device when there is one), float32 on a CPU."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    cfg = rank_config(Qwen36Config.from_hf_dict(QWEN36_35B_A3B if dims == "real" else TINY_MODEL), 4)
+    return device, cfg, rank_weights(cfg, dtype, device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,10 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
     choices = {"a": paths_from(a.a), "b": paths_from(a.b)}  # before building weights: a typo fails at once
-    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    cfg = rank_config(Qwen36Config.from_hf_dict(QWEN36_35B_A3B if a.dims == "real" else TINY_MODEL), 4)
-    weights = rank_weights(cfg, dtype, device)
+    device, cfg, weights = rank_model_weights(a.dims, a.device)
     models = {side: Qwen36Model(weights, Qwen36Paths(**fields)) for side, fields in choices.items()}
     flusher = L2Flusher(device, 256 * 2**20)
     warm_device(device)
