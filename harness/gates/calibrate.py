@@ -270,7 +270,8 @@ def write_tolerances(analysis: dict, how: str, machine: str, path: Path = PAIRED
         point, metric = cal.check.split(":")
         raw.setdefault("points", {}).setdefault(point, {})[metric] = {"value": cal.tolerance.value,
                                                                       "scale": cal.tolerance.scale}
-    raw["measured"] = {"machine": machine, "runs": analysis["runs"], "starts": analysis["starts"],
+    # The runs measured paired.yaml's `pairs` rounds each: the size of control the tolerances fit.
+    raw["measured"] = {"pairs": raw.get("pairs"), "machine": machine, "runs": analysis["runs"], "starts": analysis["starts"],
                        "command": how, "date": time.strftime("%Y-%m-%d")}
     header = "".join(line + "\n" for line in Path(path).read_text().splitlines() if line.startswith("#"))
     Path(path).write_text(header + yaml.safe_dump(raw, sort_keys=False))

@@ -64,7 +64,7 @@ def test_writing_keeps_the_files_comments_and_records_where_it_was_measured(tmp_
     write_tolerances(analyse(runs(start_sd=0.08), TOL), "qwen36 calibrate --runs 12", "the kind measured on", path)
     text = path.read_text()
     raw = yaml.safe_load(text)
-    assert text.startswith("# a comment that stays\n") and raw["pairs"] == 8
+    assert text.startswith("# a comment that stays\n") and raw["pairs"] == 8 and raw["measured"]["pairs"] == 8
     assert raw["points"]["decode-micro@c2"]["output_tps_p10"]["value"] > 0.10
     assert raw["measured"]["runs"] == 12 and raw["measured"]["command"] == "qwen36 calibrate --runs 12"
     assert math.isclose(raw["measured"]["starts"], 4) and raw["measured"]["machine"] == "the kind measured on"

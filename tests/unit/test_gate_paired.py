@@ -10,9 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.bench.metrics import REGISTRY
 from harness.gates.decision import Tolerance
+from harness.gates.gate import FAMILY_ALPHA
 from harness.gates.paired import (PairedTolerances, decide_paired, margin_from_controls, pair_differences,
                                   paired_gate, report_markdown)
+from tests.perf_gates.ci_design import MUST_FLAG, STEP_SHARE, WIDEST_PAIR_SPREAD, slowdown_of
 
 TRIALS = 2000  # each sizes its tolerance anew: the rates are over the sizing's own error too
 
@@ -164,3 +167,49 @@ def test_not_an_interleaved_run_is_refused_with_the_command_that_makes_one(tmp_p
 
     with pytest.raises(HarnessError, match="not an interleaved run"):
         paired_gate(tmp_path, "session", "twin")
+
+
+# CI's own design (fixtures/gates/paired.yaml's pairs and tolerances, tests/perf_gates/ci_design.py's slowdowns):
+# the tests that must flag catch their slowdowns at the widest pair spread CI has met, nearly always.
+START_SD = 0.044  # rms of two starts' difference on Output TPS P10, the calibration's (docs/perf-gates.md)
+MUST_FLAG_RATE = 0.99
+
+
+def ci_detection_rate(rng, point: str, metric: str, effect: float, pairs: int, spread: float,
+                      trials: int = 4000) -> float:
+    """Share of trials in which CI's gate flags `metric` at `point`: pairs whose log worsening is `effect` plus one
+    start-to-start offset per trial (N(0, START_SD)) plus N(0, spread) per pair, judged at paired.yaml's tolerance
+    and the gate's alpha per check."""
+    tolerances = PairedTolerances.load()
+    checks = sum(len(metrics) for metrics in tolerances.points.values())
+    spec = REGISTRY[metric]
+    sign = -1.0 if spec.direction == "higher" else 1.0
+    hits = 0
+    for _ in range(trials):
+        d = rng.normal(effect + rng.normal(0, START_SD), spread, pairs)
+        verdict = decide_paired([1.0] * pairs, list(np.exp(sign * d)), spec.direction,
+                                tolerances.tolerance(point, metric), FAMILY_ALPHA / checks).verdict
+        hits += verdict == "regression"
+    return hits / trials
+
+
+@pytest.mark.parametrize("check", sorted(STEP_SHARE))
+def test_ci_catches_its_injected_slowdowns_at_the_widest_spread_it_has_met(check):
+    point, metric = check
+    effect = math.log1p(slowdown_of(point) * STEP_SHARE[check])
+    rate = ci_detection_rate(np.random.default_rng(11), point, metric, effect, PairedTolerances.load().pairs,
+                             WIDEST_PAIR_SPREAD)
+    assert rate >= MUST_FLAG_RATE, (f"{metric} at {point}: worse by {math.expm1(effect):.1%}, caught {rate:.3f} at "
+                                    f"spread {WIDEST_PAIR_SPREAD}; raise the slowdown or the pairs")
+
+
+def test_the_must_flag_checks_are_the_ones_whose_slowdown_share_was_measured():
+    assert set().union(*MUST_FLAG.values()) == set(STEP_SHARE)
+
+
+def test_the_design_before_2026_12_05_missed_at_that_spread():
+    # 8 pairs and slowdowns of 0.4: CI's weighted throughput check at decode-micro, as it was when CI missed it.
+    effect = math.log1p(0.4 * STEP_SHARE[("decode-micro@c2", "weighted_throughput")])
+    rate = ci_detection_rate(np.random.default_rng(12), "decode-micro@c2", "weighted_throughput", effect, 8,
+                             WIDEST_PAIR_SPREAD)
+    assert rate < 0.5
