@@ -22,7 +22,7 @@ MUST_FLAG = {"slower-decode": {(DECODE_POINT, "output_tps_p10"), (DECODE_POINT, 
 # twin, 0.269 (CI of 2026-12-05, AMD EPYC family 23 model 1; reports/perf-gates-2026-12-05.md).
 WIDEST_PAIR_SPREAD = 0.27
 # Per must-flag check, the share of its time that a step slowdown stretches: at slowdown f the metric is worse by
-# the factor 1 + f * share. The smallest of five CI runs at f = 0.4 on 2026-12-04/05 (the report): Output TPS P10
+# the factor 1 + f * share. The smallest of five CI runs at f = 0.4 on 2026-12-05 (the report): Output TPS P10
 # -20.3%, weighted throughput -16.2%, TTFT P90 +32.7%, so 1 / (1 - 0.203) = 1 + 0.4 * 0.637 and so on.
 STEP_SHARE = {(DECODE_POINT, "output_tps_p10"): 0.637,
               (DECODE_POINT, "weighted_throughput"): 0.483,
