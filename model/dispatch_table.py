@@ -20,7 +20,7 @@ File format (schema "qwen36-dispatch/2"; "qwen36-dispatch/1" files, written befo
                                                                   {"from": 2, "to": null, "path": "..."}]}, ...}}
 `to: null` leaves the range open above. Extra keys are kept for readers and ignored here: schema 2 adds
 `timings`, every path's eager and graph time at every point, sweep by sweep and run by run, which the GPU perf
-gate (harness/tune/gate.py, `qwen36 tune --check`) compares against; schema 1 has none.
+gate (harness/tune/check/rule.py, `qwen36 tune --check`) compares against; schema 1 has none.
 """
 from __future__ import annotations
 

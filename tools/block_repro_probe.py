@@ -4,9 +4,9 @@
     python3 tools/block_repro_probe.py
 """
 import torch, torch.nn.functional as F
-from harness.tune.dims import REAL_PER_RANK
-from harness.tune.inputs import moe_weights, gdn_weights, attention_weights, rank_config
-from harness.tune.step import QWEN36_35B_A3B
+from harness.tune.measure.dims import REAL_PER_RANK
+from harness.tune.measure.inputs import moe_weights, gdn_weights, attention_weights, rank_config
+from harness.tune.step.run import QWEN36_35B_A3B
 from model.qwen36 import Qwen36Config
 from model.moe import moe_block
 from model.gdn import GDNState, run_decode_layer

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from harness.tune.dims import REAL_PER_RANK
-from harness.tune.inputs import gdn_weights, moe_weights
+from harness.tune.measure.dims import REAL_PER_RANK
+from harness.tune.measure.inputs import gdn_weights, moe_weights
 from model.gdn import GDNState, run_decode_layer
 from model.moe import moe_block
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from harness.tune.inputs import generator
+from harness.tune.measure.inputs import generator
 from model.qwen36 import CapturableDecodeStep, Qwen36Model, Qwen36Paths
 from step_path_ab import paths_from, rank_model_weights  # tools/ is the script's own directory
 

@@ -3,7 +3,7 @@
 `qwen36 tune step --router ... --norm ...` run as separate processes drifted by 30% between runs of one
 setting on the H200 host (reports/decode-step-2026-12-04.md), more than the effect sought. Here both models
 share one set of random weights and one prefill; rounds alternate which side goes first, and each round times a
-median of `--reps` eager steps per side (harness.tune.timing.time_eager: L2 flushed, CUDA events). The per-round
+median of `--reps` eager steps per side (harness.tune.measure.timing.time_eager: L2 flushed, CUDA events). The per-round
 ratio B/A is what the verdict rests on. Writes a JSON of every round, and each side's first logits' relative
 difference from the other (the two sides compute one step).
 
@@ -32,10 +32,10 @@ from pathlib import Path
 
 import torch
 
-from harness.tune.inputs import generator, rank_config, rank_weights
-from harness.tune.step import QWEN36_35B_A3B, TINY_MODEL
-from harness.tune.step_graph import RestoringFlusher, relative_difference
-from harness.tune.timing import L2Flusher, time_eager, warm_device
+from harness.tune.measure.inputs import generator, rank_config, rank_weights
+from harness.tune.step.run import QWEN36_35B_A3B, TINY_MODEL
+from harness.tune.step.graph import RestoringFlusher, relative_difference
+from harness.tune.measure.timing import L2Flusher, time_eager, warm_device
 from model.qwen36 import CapturableDecodeStep, Qwen36Cache, Qwen36Config, Qwen36Model, Qwen36Paths, Qwen36Weights
 
 

@@ -1,13 +1,17 @@
-"""`qwen36 tune`: time every registered MoE expert path and GDN rule path on the serving machine, check each
-output against the float64 reference, and write the device's dispatch table plus a JSON + Markdown report.
+"""`qwen36 tune`: time every registered path of the model's blocks on the serving machine, check each output
+against the float64 reference, and write the device's dispatch table plus a JSON + Markdown report; then gate
+later code against that table.
 
-Modules, one job each: dims (the shapes timed), ceilings (bandwidth and matrix rate per device), floors
-(bytes and FLOPs per call), timing (CUDA events, L2 flush, graph capture), inputs (seeded random tensors),
-measure (one path at one point: timed, checked), moe / gdn / gdn_stages / gdn_layer (the sweeps; gdn_stages:
-the staged GDN layer's conv and gated norm), table (fastest correct
-path per range -> the dispatch file), report (console, JSON, Markdown), progress, cli. With --sweep-configs:
-config_space (the Triton kernels' candidate block configs), precompile (compiling them in parallel),
-config_sweep (timing them), config_choice (fastest correct per T, the table to paste).
+One subpackage per concern, top layer first (import-linter contract `tune` in pyproject.toml):
+- `args` (the command line, importing nothing heavy), `cli` (the recording run: sweep, time, write the table);
+- `ab/`: `--ab REF_DIR`, this checkout's kernels against a reference's, interleaved in one run;
+- `check/`: `--check` and `--check-stale`, the GPU perf gate against the device's table, and its rule;
+- `configs/`: `moe --sweep-configs`, the Triton kernels' block configs searched;
+- `step/`: `tune step`, the whole per-rank decode step, eager and graph, and its launch counter;
+- `blocks/`: the sweeps of each block's paths (MoE, GDN rule, GDN layer and its stages, attention and norms);
+- `table/`: from measurements to the dispatch table, its recorded timings and the report;
+- `measure/`: one path at one point timed and checked, the shapes, inputs, floors and ceilings.
+
 Imports stay light (torch and the project's own packages): it runs as `python -m harness.tune` on a machine
 that has only torch and triton.
 

@@ -84,7 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--sweep-configs", action="store_true",
                    help="moe: instead of choosing between expert paths, time each Triton path's candidate block "
-                        "configs per token count (harness/tune/config_space.py) and report the fastest correct "
+                        "configs per token count (harness/tune/configs/space.py) and report the fastest correct "
                         "one next to the registered one, with the table to paste into model/moe/triton_*.py; "
                         "writes no dispatch table")
     g = p.add_argument_group("GPU perf gate (docs/tuning.md): check this device against its table's timings")
@@ -127,19 +127,19 @@ def add_parser(sub) -> None:
 def run_command(a) -> int:
     """Route parsed `tune` arguments to the step timing, the A/B, the gate or the recording."""
     if a.target == "step":
-        from .step import run_step  # torch and the model load only when the command runs
+        from .step.run import run_step  # torch and the model load only when the command runs
 
         return run_step(a)
     if a.add_run_from is not None:
-        from .add_run import add_reported_run
+        from .check.add_run import add_reported_run
 
         return add_reported_run(a.add_run_from, a.table)
     if a.ab is not None:
-        from .ab import run_ab_command  # torch and the model load only when the command runs
+        from .ab.run import run_ab_command  # torch and the model load only when the command runs
 
         return run_ab_command(a)
     if a.check or a.check_stale:
-        from .check import run_check  # torch and the model load only when the command runs
+        from .check.run import run_check  # torch and the model load only when the command runs
 
         return run_check(a)
     from .cli import run

@@ -13,23 +13,25 @@ import torch
 from model.dispatch_table import CHECKOUT_TABLE_DIR, DispatchTable, parse_dispatch_table, table_file_name
 from model.gdn import select_conv_path, select_gated_norm_path, select_rule_path
 
-from . import dims as D
-from .ceilings import ceilings_for
-from .gdn import sweep_gdn, unavailable_rule_paths
-from .gdn_layer import LAYER_POINTS, time_gdn_layer
-from .gdn_stages import conv_points, norm_points, sweep_gated_norm, sweep_gdn_conv, unavailable_stage_paths
-from .measure import Settings
-from .moe import (graphed_block_tokens, sweep_graphed_block, sweep_moe_block, sweep_moe_experts, sweep_moe_router,
-                  unavailable_expert_paths)
-from .progress import Progress
-from .prune import Pruner
-from .record import new_timings, run_meta
-from .report import format_rows, layer_breakdown, write_report
-from .step_blocks import sweep_add_rms_norm, sweep_attention_layer, unavailable_step_block_paths
-from .sweeps import merge_sweeps
-from .table import build_table, write_table
-from .targets import judge_targets
-from .timing import L2Flusher, device_identity, graphs_supported, warm_device
+from .measure import dims as D
+from .measure.ceilings import ceilings_for
+from .blocks.gdn import sweep_gdn, unavailable_rule_paths
+from .blocks.gdn_layer import LAYER_POINTS, time_gdn_layer
+from .blocks.gdn_stages import conv_points, norm_points, sweep_gated_norm, sweep_gdn_conv, unavailable_stage_paths
+from .measure.point import Settings
+from .blocks.moe import (
+    graphed_block_tokens, sweep_graphed_block, sweep_moe_block, sweep_moe_experts, sweep_moe_router,
+    unavailable_expert_paths,
+)
+from .measure.progress import Progress
+from .measure.prune import Pruner
+from .table.record import new_timings, run_meta
+from .table.report import format_rows, layer_breakdown, write_report
+from .blocks.attention_and_norm import sweep_add_rms_norm, sweep_attention_layer, unavailable_step_block_paths
+from .table.sweeps import merge_sweeps
+from .table.build import build_table, write_table
+from .table.targets import judge_targets
+from .measure.timing import L2Flusher, device_identity, graphs_supported, warm_device
 
 __all__ = ["run"]
 
@@ -75,7 +77,7 @@ def run(a) -> int:
                       + (len(moe_tokens) + 2 * len(block_tokens) + len(graphed_tokens)) * do_moe
                       + len(decode) * do_attention + len(norm_rows) * do_norm)
     if a.sweep_configs:
-        from . import config_sweep
+        from .configs import sweep as config_sweep
 
         why = config_sweep.why_no_config_sweep(a.target, device, dtype, dims.name)
         if why:
@@ -182,7 +184,7 @@ def run(a) -> int:
         elif do_moe:
             notes.extend(f"MoE path {n}: {why}" for n, why in unavailable_expert_paths(s).items())
             notes.append("reference (the float64 definition) is the check, not a candidate")
-            from .inputs import moe_weights
+            from .measure.inputs import moe_weights
 
             w = moe_weights(dims.moe, dtype, device)
             for i in passes:

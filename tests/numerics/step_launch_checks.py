@@ -1,4 +1,4 @@
-"""Kernel launches of one static decode step by block kind (harness.tune.launch_count), with a dispatch table that
+"""Kernel launches of one static decode step by block kind (harness.tune.step.launch_count), with a dispatch table that
 serves every block its few-launch path, on the CPU through Triton's interpreter; and the step's logits close to
 the same step on the default paths.
 
@@ -18,10 +18,10 @@ import json
 
 import torch
 
-from harness.tune.inputs import rank_config, rank_weights
-from harness.tune.launch_count import count_launches
-from harness.tune.step import TINY_MODEL
-from harness.tune.table import table_serving
+from harness.tune.measure.inputs import rank_config, rank_weights
+from harness.tune.step.launch_count import count_launches
+from harness.tune.step.run import TINY_MODEL
+from harness.tune.table.build import table_serving
 from model.dispatch_table import TABLE_ENV, clear_table_cache
 from model.qwen36 import CapturableDecodeStep, Qwen36Config, Qwen36Model
 from tests.numerics.compare import relative_error

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.tune.dims import REAL_PER_RANK
-from harness.tune.inputs import moe_weights
+from harness.tune.measure.dims import REAL_PER_RANK
+from harness.tune.measure.inputs import moe_weights
 from model.moe import GraphedMoEBlock, moe_block
 from tests.numerics.gpu_timing import eager_wall_us
 

@@ -18,8 +18,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from harness.tune.inputs import attention_weights, gdn_weights, rank_config, rank_weights
-from harness.tune.step import TINY_MODEL
+from harness.tune.measure.inputs import attention_weights, gdn_weights, rank_config, rank_weights
+from harness.tune.step.run import TINY_MODEL
 from model.attention import KVCache, StaticKVCache, gated_attention, gated_attention_static
 from model.dispatch_table import TABLE_ENV
 from model.gdn import GDNState, gdn_layer

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.tune.dims import REAL_PER_RANK, MoEDims
-from harness.tune.inputs import gdn_weights, moe_weights
+from harness.tune.measure.dims import REAL_PER_RANK, MoEDims
+from harness.tune.measure.inputs import gdn_weights, moe_weights
 from model import triton_launch
 from model.gdn import GDNState, run_decode_layer
 from model.moe import moe_block

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 import model.moe.block_paths as block_paths
-from harness.tune.inputs import rank_config, rank_weights
-from harness.tune.step import TINY_MODEL
+from harness.tune.measure.inputs import rank_config, rank_weights
+from harness.tune.step.run import TINY_MODEL
 from model.dispatch_scope import one_dispatch_scope, scoped
 from model.qwen36 import Qwen36Config, Qwen36Model
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.tune.dims import TINY
-from harness.tune.inputs import moe_weights
+from harness.tune.measure.dims import TINY
+from harness.tune.measure.inputs import moe_weights
 from model.moe import GraphedMoEBlock
 from model.moe.graphed_block import BUCKETS
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.tune.ab import HEAD_ROOT, ABOptions, ab_points, run_ab
-from harness.tune.ab_rule import SideSweeps, judge_ab
-from harness.tune.check_plan import plan_check
-from harness.tune.gate import FLOORS, MIN_SWEEPS
-from harness.tune.record import recorded_points
+from harness.tune.ab.run import HEAD_ROOT, ABOptions, ab_points, run_ab
+from harness.tune.ab.rule import SideSweeps, judge_ab
+from harness.tune.check.plan import plan_check
+from harness.tune.check.rule import FLOORS, MIN_SWEEPS
+from harness.tune.table.record import recorded_points
 from model.moe import EXPERT_PATHS
 
 SLOWED = "tiny_bmm"  # the path the test table dispatches for the routed experts (and so the block serves)
@@ -90,7 +90,7 @@ def _timing(block, key, path, **more):
 
 @pytest.fixture(scope="module")
 def table(tmp_path_factory) -> Path:
-    """A CPU table at tiny dims, written by hand (harness/tune/record.py's format): the routed experts on
+    """A CPU table at tiny dims, written by hand (harness/tune/table/record.py's format): the routed experts on
     SLOWED at T=2, a decode step at B=1, the staged layer's conv at T=1 and gated norm at 4 rows, and timings
     that add the block at T=1 and the layer at B=1."""
     path = tmp_path_factory.mktemp("table") / "cpu.json"

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from harness.cli import main
-from harness.tune.record import recorded_points
+from harness.tune.table.record import recorded_points
 
 SLOW_US = 50_000  # the injected delay: 50 ms a call, far beyond any noise on these cores
 RECORDED_US = 1_000.0  # the record the slowed point is judged against: 1 ms, stated here, not measured
@@ -126,7 +126,7 @@ def test_an_unknown_injected_path_is_refused(recorded, tmp_path, capsys):
 
 
 def test_an_injected_delay_is_gone_once_the_check_ends():
-    from harness.tune.inject import injected_delays
+    from harness.tune.check.inject import injected_delays
     from model.gdn import GDN_RULE_PATHS
 
     before = GDN_RULE_PATHS["decode_step"]

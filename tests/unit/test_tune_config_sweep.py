@@ -16,19 +16,19 @@ import pytest
 import torch
 
 from harness.cli import main
-from harness.tune import config_sweep
-from harness.tune import dims as D
-from harness.tune.ceilings import ceilings_for
-from harness.tune.config_choice import choose, config_expr, pasteable_table, summary_lines
-from harness.tune.floors import Floor
-from harness.tune.measure import Measurement, Settings
-from harness.tune.prune import Pruner
-from harness.tune.timing import L2Flusher, Timing
+from harness.tune.configs import sweep as config_sweep
+from harness.tune.measure import dims as D
+from harness.tune.measure.ceilings import ceilings_for
+from harness.tune.configs.choice import choose, config_expr, pasteable_table, summary_lines
+from harness.tune.measure.floors import Floor
+from harness.tune.measure.point import Measurement, Settings
+from harness.tune.measure.prune import Pruner
+from harness.tune.measure.timing import L2Flusher, Timing
 from model.moe import EXPERT_PATHS
 
 triton_decode = pytest.importorskip("model.moe.triton_decode", reason="triton is not installed")
 triton_grouped = pytest.importorskip("model.moe.triton_grouped", reason="triton is not installed")
-config_space = pytest.importorskip("harness.tune.config_space", reason="triton is not installed")
+config_space = pytest.importorskip("harness.tune.configs.space", reason="triton is not installed")
 
 DecodeConfig, GroupedConfig = triton_decode.DecodeConfig, triton_grouped.GroupedConfig
 CONFIG_TYPES = {"DecodeConfig": DecodeConfig, "GroupedConfig": GroupedConfig}

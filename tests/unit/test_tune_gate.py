@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from harness.tune.check_plan import plan_check, ranking_block
-from harness.tune.gate import FLOORS, MIN_SWEEPS, judge_point, judge_stale, tolerance
-from harness.tune.measure import Measurement
-from harness.tune.record import append_run, keep_blocks, new_timings, recorded_points
-from harness.tune.sweeps import merge_sweeps
-from harness.tune.timing import Timing
+from harness.tune.check.plan import plan_check, ranking_block
+from harness.tune.check.rule import FLOORS, MIN_SWEEPS, judge_point, judge_stale, tolerance
+from harness.tune.measure.point import Measurement
+from harness.tune.table.record import append_run, keep_blocks, new_timings, recorded_points
+from harness.tune.table.sweeps import merge_sweeps
+from harness.tune.measure.timing import Timing
 
 RECORDED = [100.0, 102.0, 98.0, 104.0, 99.0, 101.0]  # two runs of three sweeps: slowest 104
 
@@ -196,8 +196,8 @@ def test_a_mode_the_table_does_not_rank_by_is_reported_not_failed():
 def test_graphs_are_timed_only_where_the_table_records_graph_times(monkeypatch):
     import torch
 
-    from harness.tune import device_table
-    from harness.tune.device_table import DeviceTable
+    from harness.tune.check import device_table
+    from harness.tune.check.device_table import DeviceTable
 
     monkeypatch.setattr(device_table, "graphs_supported", lambda device: True)  # as on a GPU
 

@@ -1,4 +1,4 @@
-"""harness.tune.moe.sweep_moe_router on the CPU at tiny dims: every router that runs here is timed and checked
+"""harness.tune.blocks.moe.sweep_moe_router on the CPU at tiny dims: every router that runs here is timed and checked
 against route_reference, and a wrong one is reported `wrong`, never timed as if right."""
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from unittest.mock import patch
 
 import torch
 
-from harness.tune import dims as D
-from harness.tune.measure import Settings
-from harness.tune.moe import sweep_moe_router
-from harness.tune.timing import L2Flusher
+from harness.tune.measure import dims as D
+from harness.tune.measure.point import Settings
+from harness.tune.blocks.moe import sweep_moe_router
+from harness.tune.measure.timing import L2Flusher
 from model.moe import ROUTERS, RouterPath, route_reference, route_topk_softmax
 
 CPU = torch.device("cpu")

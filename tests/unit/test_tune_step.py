@@ -12,15 +12,15 @@ from torch.autograd import DeviceType
 
 import model.qwen36.model as qwen36_model
 from harness.cli import main
-from harness.tune import dims as D
-from harness.tune.floors import decode_step_bytes
-from harness.tune.inputs import rank_config, rank_weights
-from harness.tune import step_graph
-from harness.tune.measure import Settings
-from harness.tune.step import QWEN36_35B_A3B, TINY_MODEL, BlockClock, StepRow, count_device_work
-from harness.tune.step_graph import CHECK_STEPS, GraphResult, measure_static_step
-from harness.tune.step_report import format_step_table, write_step_report
-from harness.tune.timing import L2Flusher, Timing
+from harness.tune.measure import dims as D
+from harness.tune.measure.floors import decode_step_bytes
+from harness.tune.measure.inputs import rank_config, rank_weights
+from harness.tune.step import graph as step_graph
+from harness.tune.measure.point import Settings
+from harness.tune.step.run import QWEN36_35B_A3B, TINY_MODEL, BlockClock, StepRow, count_device_work
+from harness.tune.step.graph import CHECK_STEPS, GraphResult, measure_static_step
+from harness.tune.step.report import format_step_table, write_step_report
+from harness.tune.measure.timing import L2Flusher, Timing
 from model.attention import gated_attention
 from model.gdn import gdn_layer
 from model.moe import moe_block

@@ -1,6 +1,6 @@
-"""The sweeps of the decode step's attention layer and residual add + RMSNorm (harness/tune/step_blocks.py), on a
-CPU at tiny dims: a correct path passes, and a path that writes the KV cache wrong, or returns a wrong sum or norm,
-is marked wrong with the reason, however close its output is."""
+"""The sweeps of the decode step's attention layer and residual add + RMSNorm
+(harness/tune/blocks/attention_and_norm.py), on a CPU at tiny dims: a correct path passes, and a path that writes
+the KV cache wrong, or returns a wrong sum or norm, is marked wrong with the reason, however close its output is."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -9,10 +9,10 @@ from unittest import mock
 import pytest
 import torch
 
-from harness.tune import dims as D
-from harness.tune.measure import Settings
-from harness.tune.step_blocks import sweep_add_rms_norm, sweep_attention_layer
-from harness.tune.timing import L2Flusher
+from harness.tune.measure import dims as D
+from harness.tune.measure.point import Settings
+from harness.tune.blocks.attention_and_norm import sweep_add_rms_norm, sweep_attention_layer
+from harness.tune.measure.timing import L2Flusher
 from model.attention_decode import ATTENTION_DECODE_LAYER_PATHS
 from model.norm import ADD_RMS_NORM_PATHS
 
@@ -22,7 +22,7 @@ CONTEXT = 6
 
 
 def _ceilings():
-    from harness.tune.ceilings import ceilings_for
+    from harness.tune.measure.ceilings import ceilings_for
 
     return ceilings_for("cpu", None, None)
 

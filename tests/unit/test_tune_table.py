@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import json
 
-from harness.tune.floors import Floor
-from harness.tune.measure import Measurement
-from harness.tune.table import build_table, write_table
-from harness.tune.targets import judge_targets
-from harness.tune.timing import Timing
+from harness.tune.measure.floors import Floor
+from harness.tune.measure.point import Measurement
+from harness.tune.table.build import build_table, write_table
+from harness.tune.table.targets import judge_targets
+from harness.tune.measure.timing import Timing
 from model.dispatch_table import load_dispatch_table
 
 

@@ -1,0 +1,5 @@
+"""`qwen36 tune step`: the whole decode step of one tensor-parallel rank.
+
+`run` (the command: eager, by block kind), `graph` (the same step over a static cache, replayed from a CUDA
+graph), `report` (console, step.json, step.md), `launch_count` (kernel launches per block kind, on any device).
+"""

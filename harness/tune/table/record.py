@@ -1,0 +1,105 @@
+"""The dispatch table's `timings`: every correct path's eager and graph time at every point, sweep by sweep and
+run by run, so a gate can say both whether a point got slower and how far its time moves on its own.
+
+    "timings": {
+      "method": "...how each value was measured...",
+      "runs": [{"id": 0, "date": "2026-12-04", "host": "...", "command": "qwen36 tune ...", "sweeps": 3}, ...],
+      "points": [{"block": "moe_experts", "key": 1, "path": "triton_decode",
+                  "runs": [{"run": 0, "eager_us": [75.1, 74.0, 76.2], "graph_us": [14.7, 14.6, 14.9]}]}, ...]}
+
+A value is one sweep's median of `reps` samples. `qwen36 tune` writes run 0 (a re-record starts again);
+`qwen36 tune --check --add-run` appends a passing check's values as another run, so the spread a tolerance is
+sized from comes from separate processes, days and machines, not from one. The GDN layer's rows are recorded as
+path `layer` with the rule path the table gave it (`rule`); the layer's stages are reported, not recorded.
+"""
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+
+from .block_rows import is_layer_row
+from ..measure.point import Measurement
+
+__all__ = ["RecordedPoint", "RECORDED_BLOCKS", "new_timings", "append_run", "recorded_points", "keep_blocks",
+           "run_meta"]
+
+# What the timings hold: the dispatch blocks, the whole MoE block, and the GDN layer end to end.
+RECORDED_BLOCKS = ("moe_experts", "moe_block", "gdn_prefill", "gdn_decode", "gdn_layer_decode", "gdn_layer_prefill",
+                   "gdn_conv", "gdn_gated_norm", "attention_layer_decode", "add_rms_norm")
+
+
+@dataclass
+class RecordedPoint:
+    block: str
+    key: int
+    path: str
+    eager_runs: list[list[float]] = field(default_factory=list)  # per run, each sweep's median
+    graph_runs: list[list[float]] = field(default_factory=list)
+    rule: str | None = None  # the GDN layer's rule path when recorded
+
+    def values(self, mode: str) -> list[float]:
+        return [v for run in (self.eager_runs if mode == "eager" else self.graph_runs) for v in run]
+
+
+def run_meta(run_id: int, date: str, command: str, sweeps: int, **more) -> dict:
+    return {"id": run_id, "date": date, "host": socket.gethostname(), "command": command, "sweeps": sweeps, **more}
+
+
+def _recordable(r: Measurement) -> bool:
+    if r.status != "ok" or r.block not in RECORDED_BLOCKS:
+        return False
+    return is_layer_row(r.block, r.path) if r.block.startswith("gdn_layer") else True
+
+
+def _entry(r: Measurement, run_id: int) -> dict:
+    return {"run": run_id, "eager_us": list(r.extra.get("eager_sweeps_us", [])),
+            "graph_us": list(r.extra.get("graph_sweeps_us", []))}
+
+
+def new_timings(rows: list[Measurement], method: str, meta: dict) -> dict:
+    """Timings holding one run (`meta`, id 0) of the merged rows."""
+    return append_run({"method": method, "runs": [], "points": []}, rows, meta)
+
+
+def append_run(timings: dict, rows: list[Measurement], meta: dict) -> dict:
+    """A copy of `timings` with `rows` added as run `meta["id"]` (points not seen before are added)."""
+    points = {(p["block"], p["key"], p["path"]): dict(p, runs=list(p["runs"])) for p in timings.get("points", [])}
+    for r in rows:
+        if not _recordable(r):
+            continue
+        point = points.setdefault((r.block, r.key, r.path), {"block": r.block, "key": r.key, "path": r.path,
+                                                              "runs": []})
+        if r.extra.get("rule") and is_layer_row(r.block, r.path):
+            point["rule"] = r.extra["rule"]
+        point["runs"].append(_entry(r, meta["id"]))
+    return {"method": timings.get("method", ""), "runs": [*timings.get("runs", []), meta],
+            "points": list(points.values())}
+
+
+def keep_blocks(old: dict | None, new: dict, measured_blocks: set[str]) -> dict:
+    """`new`, plus the points (and their runs) of `old` for blocks this run did not measure: `qwen36 tune gdn`
+    must not erase the MoE record. Old runs keep their ids; the new run's id follows them."""
+    if not old:
+        return new
+    kept = [p for p in old.get("points", []) if p["block"] not in measured_blocks]
+    if not kept:
+        return new
+    offset = 1 + max((r["id"] for r in old.get("runs", [])), default=-1)
+    runs = [r for r in old.get("runs", []) if any(e["run"] == r["id"] for p in kept for e in p["runs"])]
+    shifted = [{**r, "id": r["id"] + offset} for r in new["runs"]]
+    points = [{**p, "runs": [{**e, "run": e["run"] + offset} for e in p["runs"]]} for p in new["points"]]
+    return {"method": new["method"], "runs": runs + shifted, "points": kept + points}
+
+
+def recorded_points(timings: dict | None) -> dict[tuple[str, int, str], RecordedPoint]:
+    """(block, key, path) -> what was recorded there; empty for a table without timings (schema 1)."""
+    out = {}
+    for p in (timings or {}).get("points", []):
+        rp = RecordedPoint(p["block"], int(p["key"]), p["path"], rule=p.get("rule"))
+        for e in p["runs"]:
+            if e.get("eager_us"):
+                rp.eager_runs.append([float(v) for v in e["eager_us"]])
+            if e.get("graph_us"):
+                rp.graph_runs.append([float(v) for v in e["graph_us"]])
+        out[(rp.block, rp.key, rp.path)] = rp
+    return out
