@@ -135,16 +135,16 @@ GDN_DECODE_LAYER_STATE: dict[str, dict[torch.dtype, float]] = {
     "triton": {F32: 2e-6, BF16: 1e-2, F16: 2e-3},
 }
 
-# Norm paths (model.norm) against their reference. The output's rounding is the error: `triton` measured
+# Norm paths (model.norm.rms_norm) against their reference. The output's rounding is the error: `triton` measured
 # bf16 1.6e-3 to 2.0e-3 on the H200 at the real shapes (tests/numerics/test_norm_gpu.py, 2026-12-04) and
 # 3.3e-3 under Triton's CPU interpreter (which truncates float32 -> bfloat16); float16 2e-4; float32 under
-# 1e-7. `triton` (model.norm_triton) has no float64 kernel.
+# 1e-7. `triton` (model.norm.triton_rms_norm) has no float64 kernel.
 NORM_PATHS: dict[str, dict[torch.dtype, float]] = {
     name: {F64: 1e-14, F32: 1e-6, BF16: 8e-3, F16: 1e-3} for name in ("reference", "fused")
 }
 NORM_PATHS["triton"] = {F32: 1e-6, BF16: 8e-3, F16: 1e-3}
 
-# Residual add + zero-centred RMSNorm paths (model.norm.ADD_RMS_NORM_PATHS), both outputs against the float64
+# Residual add + zero-centred RMSNorm paths (model.norm.rms_norm.ADD_RMS_NORM_PATHS), both outputs against the float64
 # sum h64 + y64 and its norm: h_new is the sum rounded once to h's dtype (at most u: 2^-8 bf16, 2^-11 f16, 2^-24
 # f32), and normed is the norm of that rounded sum, so the sum's rounding adds to the norm's: a row's scale
 # absorbs the rounding's mean, leaving each element at most 2u off before the output's own rounding, 3u in all
@@ -154,20 +154,20 @@ NORM_PATHS["triton"] = {F32: 1e-6, BF16: 8e-3, F16: 1e-3}
 # half of them with H <= 4): normed max bf16 5.4e-3 fused, 7.3e-3 triton (median 1.7e-3, 3.3e-3); float16
 # 6.3e-4 / 5.8e-4; float32 1.9e-7 / 1.7e-7; h_new max 3.9e-3, 4.9e-4, 5.7e-8. Bounds over the 3u worst case;
 # float32 is NORM_PATHS's (5x over the worst seen). `triton` is held to bit equality besides (its h_new is
-# torch's h + y, its normed model.norm_triton's RMSNorm of it), which is what catches a wrong rounding.
+# torch's h + y, its normed model.norm.triton_rms_norm's RMSNorm of it), which is what catches a wrong rounding.
 ADD_NORM_PATHS: dict[str, dict[torch.dtype, float]] = {
     name: {F64: 1e-14, F32: 1e-6, BF16: 2e-2, F16: 2e-3} for name in ("reference", "fused")
 }
 ADD_NORM_PATHS["triton"] = {F32: 1e-6, BF16: 2e-2, F16: 2e-3}
 
-# Attention cores (model.attention.ATTENTION_CORES) and prefix-cached vs full recomputation.
+# Attention cores (model.attention.layer.ATTENTION_CORES) and prefix-cached vs full recomputation.
 # Measured max: f32 2.1e-7, bf16 2.3e-3, f64 4e-16.
 ATTENTION_CORES: dict[str, dict[torch.dtype, float]] = {
     name: {F64: 1e-13, F32: 2e-6, BF16: 1.5e-2} for name in ("reference", "sdpa")
 }
 ATTENTION_PREFIX: dict[torch.dtype, float] = {F64: 1e-13, F32: 2e-6}
 
-# The attention decode layer paths (model.attention_decode.ATTENTION_DECODE_LAYER_PATHS, T == 1 over a
+# The attention decode layer paths (model.attention.decode_layer.ATTENTION_DECODE_LAYER_PATHS, T == 1 over a
 # StaticKVCache) against the float64 reference layer: the output (ATTENTION_DECODE_LAYER) and the new key and value
 # each writes into the cache (ATTENTION_DECODE_LAYER_CACHE), on tests/numerics/test_attention_decode_layer.py's
 # cases (GQA groups 1, 2, 4; head_dim 16, 32; rotary a quarter, half or all of it; lengths 0..135; B 1..3).

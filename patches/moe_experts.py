@@ -139,9 +139,9 @@ def _device_name() -> str | None:
 
 
 def _table_detail() -> str:
-    """The dispatch table the experts will use on this machine's device (model.dispatch_table), or why none.
+    """The dispatch table the experts will use on this machine's device (model.dispatch.table), or why none.
     A QWEN36_DISPATCH_TABLE naming a missing or broken file raises: the row then says `failed` and why."""
-    from model.dispatch_table import choose_table
+    from model.dispatch.table import choose_table
 
     return choose_table(_device_name()).detail
 
@@ -233,7 +233,7 @@ def _routed_experts_op():
     reuses that graph for every token count; inside an op the dispatcher runs eagerly with the real T, so
     its per-T path choice and data-dependent grouping are not frozen into the graph."""
     if _Runtime.op is None:
-        from model.dispatch_table import table_choice_for
+        from model.dispatch.table import table_choice_for
         from model.moe import dispatch_experts
 
         @torch.library.custom_op("qwen36::moe_routed_experts", mutates_args=())

@@ -54,7 +54,7 @@ class Patch:
     name: str
     seam: str  # the vLLM code it hooks, for the table
     required: bool  # the platform image must be able to apply it (presubmit and the Dockerfile check it)
-    switch: str  # the environment variable that turns it on (1/0; model/env.py reads it)
+    switch: str  # the environment variable that turns it on (1/0; model/dispatch/env.py reads it)
     kind: str  # one of KINDS
     probe: Callable[[], str | None]  # None when the seam is there, else the reason it is not
     install: Callable[[Any], str]  # (settings) -> a detail line; idempotent; raises on failure

@@ -2,7 +2,7 @@
 
 Each patch declares its switch (an environment variable) and its default in its `PATCH`; the settings read
 the switch of every patch in patches/catalog.py, so a new patch needs no line here. A switch takes 1/0 (or
-true/false, yes/no, on/off: model/env.py, which also says why an empty value is refused); every default is
+true/false, yes/no, on/off: model/dispatch/env.py, which also says why an empty value is refused); every default is
 0, so an unset environment leaves vLLM exactly as installed (a stock server). `qwen36 patches status` prints
 each patch with its switch.
 
@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from model.env import env_bool
+from model.dispatch.env import env_bool
 from model.moe import MoEConfig
 
 from . import catalog

@@ -35,7 +35,7 @@ def _sources_copy(dest: Path) -> Path:
 
 
 @pytest.mark.parametrize(("module", "wrong_import", "broken"), [
-    ("model/norm.py", "import harness.errors", "tests above harness above patches above model"),
+    ("model/norm/rms_norm.py", "import harness.errors", "tests above harness above patches above model"),
     ("patches/registry.py", "import harness.paths", "tests above harness above patches above model"),
     ("harness/serving/launcher.py", "import harness.gates.servers", "harness: entry points"),
     ("harness/machine/speed.py", "import harness.serving.placement", "harness: entry points"),

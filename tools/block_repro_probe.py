@@ -10,7 +10,7 @@ from harness.tune.step.run import QWEN36_35B_A3B
 from model.qwen36 import Qwen36Config
 from model.moe import moe_block
 from model.gdn import GDNState, run_decode_layer
-from model.attention import KVCache, StaticKVCache, gated_attention_static
+from model.attention.layer import KVCache, StaticKVCache, gated_attention_static
 dev, dt = torch.device("cuda"), torch.bfloat16
 g = torch.Generator(device=dev).manual_seed(0)
 def same(name, fn, reps=5):

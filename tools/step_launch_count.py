@@ -23,7 +23,7 @@ from harness.tune.measure.inputs import rank_config, rank_weights
 from harness.tune.step.launch_count import count_launches
 from harness.tune.step.run import TINY_MODEL
 from harness.tune.table.build import table_serving
-from model.dispatch_table import TABLE_ENV, clear_table_cache
+from model.dispatch.table import TABLE_ENV, clear_table_cache
 from model.qwen36 import CapturableDecodeStep, Qwen36Config, Qwen36Model
 
 FEW_LAUNCH_PATHS = "moe_block=triton_fused_block,gdn_layer_decode=triton,attention_layer_decode=triton,add_rms_norm=triton"

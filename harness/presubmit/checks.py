@@ -15,7 +15,7 @@ from functools import cached_property
 from pathlib import Path
 
 from harness.errors import HarnessError
-from model.env import TRUE_VALUES, EnvValueError, parse_bool
+from model.dispatch.env import TRUE_VALUES, EnvValueError, parse_bool
 from patches.step_slowdown import SLOWDOWN_ENV, SLOWDOWN_FILE_ENV
 
 from . import names

@@ -58,9 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--router", default=None,
                    help="step: the router path the model runs (model.moe ROUTERS; default: the model's, topk_softmax)")
     p.add_argument("--norm", default=None,
-                   help="step: force one path of every RMSNorm (model.norm's tables: the residual add + RMSNorm "
-                        "between blocks, the q/k norms, the GDN gated norm). Default: the served choice of each. A "
-                        "forced path also keeps the GDN and attention decode layers staged")
+                   help="step: force one path of every RMSNorm (model.norm.rms_norm's tables: the residual add + "
+                        "RMSNorm between blocks, the q/k norms, the GDN gated norm). Default: the served choice of "
+                        "each. A forced path also keeps the GDN and attention decode layers staged")
     p.add_argument("--reps", type=int, default=20, help="timed samples per path and point (median reported)")
     p.add_argument("--sweeps", type=_positive, default=3,
                    help="passes over every point (each a median of --reps samples); the table keeps every pass, "

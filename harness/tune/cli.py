@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from model.dispatch_table import CHECKOUT_TABLE_DIR, DispatchTable, parse_dispatch_table, table_file_name
+from model.dispatch.table import CHECKOUT_TABLE_DIR, DispatchTable, parse_dispatch_table, table_file_name
 from model.gdn import select_conv_path, select_gated_norm_path, select_rule_path
 
 from .measure import dims as D

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import triton_support
-from ..paths import LOW_PRECISION, ComputePath, PathTable, always_float64, compute_dtype
+from ..dispatch import triton_support
+from ..dispatch.paths import LOW_PRECISION, ComputePath, PathTable, always_float64, compute_dtype
 
 triton_conv = triton_support.import_if_triton(".triton_conv", __package__)  # None without Triton
 

@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from ..paths import ComputePath
+from ..dispatch.paths import ComputePath
 from .rule import GDN_RULE_PATHS
 
 __all__ = ["fla_unavailable_reason", "rule_fla_chunk", "rule_fla_recurrent"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..paths import ComputePath, PathTable, always_float64, compute_dtype
+from ..dispatch.paths import ComputePath, PathTable, always_float64, compute_dtype
 
 __all__ = [
     "CHUNK_SIZE",

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..dispatch_scope import scoped
-from ..dispatch_table import served_path
-from ..norm import GATED_NORM_PATHS, compute_dtype
+from ..dispatch.scope import scoped
+from ..dispatch.table import served_path
+from ..norm.rms_norm import GATED_NORM_PATHS, compute_dtype
 from .conv import CONV_PATHS, run_conv_path
 from .rule import GDN_RULE_PATHS, run_gdn_rule
 

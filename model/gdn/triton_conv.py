@@ -21,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import triton_support
-from ..triton_support import defined_interpreted, last_dim_contiguous
+from ..dispatch import triton_support
+from ..dispatch.triton_support import defined_interpreted, last_dim_contiguous
 
 __all__ = ["INTERPRETED", "causal_conv1d", "unavailable_reason"]
 

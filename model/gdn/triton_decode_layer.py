@@ -29,9 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import triton_support
-from ..triton_launch import LaunchPlan, PlansByOwner
-from ..triton_support import defined_interpreted
+from ..dispatch import triton_support
+from ..dispatch.triton_launch import LaunchPlan, PlansByOwner
+from ..dispatch.triton_support import defined_interpreted
 from .rule import L2NORM_EPS
 
 __all__ = ["INTERPRETED", "fused_decode_core", "unavailable_reason"]
@@ -161,7 +161,7 @@ def _check(proj: torch.Tensor, w, state, out_state) -> None:
             raise ValueError(f"the fused GDN decode kernel reads {what} as a contiguous vector; its stride is {t.stride(0)}")
 
 
-# Per weights object: one launch plan per call shape (model.triton_launch), so an eager decode step pays the
+# Per weights object: one launch plan per call shape (model.dispatch.triton_launch), so an eager decode step pays the
 # JIT's argument binding once per shape rather than on every call.
 _PLANS = PlansByOwner()
 

@@ -9,7 +9,7 @@ from typing import Mapping
 
 import torch
 
-from ..norm import compute_dtype
+from ..norm.rms_norm import compute_dtype
 from ..rows import moved_keeping_rows, stack_rows, stacked_rows
 from .conv import zero_conv_state
 from .layout import GDNDims, qwen35_to_qwen3_next, qwen3_next_to_qwen35

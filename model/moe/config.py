@@ -17,12 +17,12 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from model.env import parse_bool
+from model.dispatch.env import parse_bool
 
 __all__ = ["MoEConfig", "MoEConfigError", "TINY_IMPLS", "PREFILL_IMPLS"]
 
 # `triton` needs Triton on a GPU (model/moe/expert_paths/triton_paths.py); a dispatch table
-# (model/dispatch_table.py) normally picks it there, the knob forces it.
+# (model/dispatch/table.py) normally picks it there, the knob forces it.
 TINY_IMPLS = {"tokenwise": "tiny_tokenwise", "bmm": "tiny_bmm", "triton": "triton_decode"}
 PREFILL_IMPLS = {"sorted": "sorted", "grouped_mm": "grouped_mm", "triton": "triton_grouped"}
 TINY_MAX_LIMIT = 4096
@@ -33,7 +33,7 @@ class MoEConfigError(ValueError):
 
 
 def _parse_bool(name: str, raw: str) -> bool:
-    return parse_bool(name, raw, MoEConfigError)  # model/env.py: the accepted values, "" refused
+    return parse_bool(name, raw, MoEConfigError)  # model/dispatch/env.py: the accepted values, "" refused
 
 
 def _parse_choice(name: str, raw: str, choices: Mapping[str, str]) -> str:

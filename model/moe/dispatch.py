@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from ..dispatch_scope import scoped
-from ..dispatch_table import table_path_for
+from ..dispatch.scope import scoped
+from ..dispatch.table import table_path_for
 from .config import PREFILL_IMPLS, TINY_IMPLS, MoEConfig
 from .experts import EXPERT_PATHS, run_expert_path
 
@@ -21,7 +21,7 @@ def select_expert_path(
     """The registered path name that serves `num_tokens` tokens under `config`.
 
     MOE_NATIVE off -> `reference`. Given the device (and dtype) of the call, the device's dispatch table
-    (model.dispatch_table) names the path where it has one that can run the input. Otherwise the knobs:
+    (model.dispatch.table) names the path where it has one that can run the input. Otherwise the knobs:
     T == 1 with MOE_DECODE_NATIVE -> `decode_fused`; T <= TINY_MAX -> the tiny implementation; otherwise
     the prefill implementation.
     """

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..paths import LOW_PRECISION, ComputePath, PathTable, always_float64, compute_dtype
+from ..dispatch.paths import LOW_PRECISION, ComputePath, PathTable, always_float64, compute_dtype
 
 __all__ = [
     "ExpertPath",

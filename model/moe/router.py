@@ -5,7 +5,7 @@ equal logits the lower expert id ranks first. Selection is defined on the logits
 softmax probabilities: softmax is monotonic, so both orders agree in exact arithmetic, but rounding can
 make two different logits produce equal float32 probabilities and invent a tie that does not exist.
 
-The variants are registered in `ROUTERS`, a path table (model.paths) whose entries are called like the
+The variants are registered in `ROUTERS`, a path table (model.dispatch.paths) whose entries are called like the
 routers themselves; `triton_fused` (model.moe.triton_router) runs only where Triton does (`supports`).
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import triton_support
-from ..paths import ComputePath, DtypeRule, PathTable
+from ..dispatch import triton_support
+from ..dispatch.paths import ComputePath, DtypeRule, PathTable
 
 try:
     import triton  # noqa: F401  (only whether it imports)

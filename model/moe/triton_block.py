@@ -18,14 +18,14 @@ import torch
 import torch.nn.functional as F
 
 from . import triton_decode, triton_router
-from ..triton_launch import LaunchPlan, PlansByOwner
+from ..dispatch.triton_launch import LaunchPlan, PlansByOwner
 from .block import MoEWeights
 from .triton_decode import SharedExpert
 
 __all__ = ["moe_block_triton_fused"]
 
 
-# Per weights object: one launch plan per call shape of x (model.triton_launch): an eager decode step launches
+# Per weights object: one launch plan per call shape of x (model.dispatch.triton_launch): an eager decode step launches
 # the same kernels with the same weights every step, so the JIT's binding is paid once per shape, not per call.
 _PLANS = PlansByOwner()
 

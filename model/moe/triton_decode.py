@@ -22,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton_launch import jit_launch
-from ..triton_support import defined_interpreted
+from ..dispatch.triton_launch import jit_launch
+from ..dispatch.triton_support import defined_interpreted
 
 __all__ = [
     "DecodeConfig", "DECODE_CONFIGS", "INTERPRETED", "SharedExpert", "decode_config", "experts_and_shared_triton_decode",
@@ -202,7 +202,7 @@ def experts_triton_decode(x, w13, w2, weights, ids, out, config: DecodeConfig | 
 def experts_and_shared_triton_decode(x, w13, w2, weights, ids, shared: SharedExpert, out,
                                      config: DecodeConfig | None = None, launch=jit_launch):
     """out = routed experts + sigmoid(x . shared.gate) * shared expert(x), in the same two launches. `launch`:
-    how the kernels are launched (model.triton_launch: the JIT, or a caller's prepared plan)."""
+    how the kernels are launched (model.dispatch.triton_launch: the JIT, or a caller's prepared plan)."""
     return _launch(x, w13, w2, weights, ids, shared, out, config, launch)
 
 

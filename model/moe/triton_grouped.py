@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton_support import defined_interpreted
+from ..dispatch.triton_support import defined_interpreted
 
 __all__ = ["GroupedConfig", "GROUPED_CONFIGS", "INTERPRETED", "grouped_config", "experts_triton_grouped"]
 

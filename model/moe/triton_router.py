@@ -17,9 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import triton_support
-from ..triton_launch import jit_launch
-from ..triton_support import defined_interpreted
+from ..dispatch import triton_support
+from ..dispatch.triton_launch import jit_launch
+from ..dispatch.triton_support import defined_interpreted
 
 __all__ = ["INTERPRETED", "MAX_EXPERTS", "route_triton_fused", "unavailable_reason"]
 
@@ -87,7 +87,7 @@ def route_triton_fused(logits: torch.Tensor, top_k: int, launch=jit_launch) -> t
     """Router logits [..., E] (any float dtype) -> (weights float32 [..., k], expert ids int64 [..., k]).
 
     Callers check top_k first (model.moe.router); this checks what only this kernel limits. `launch`: how the
-    kernel is launched (model.triton_launch: the JIT, or a caller's prepared plan).
+    kernel is launched (model.dispatch.triton_launch: the JIT, or a caller's prepared plan).
     """
     num_experts = logits.shape[-1]
     if num_experts > MAX_EXPERTS:

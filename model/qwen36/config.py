@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..attention import AttentionDims
+from ..attention.layer import AttentionDims
 from ..gdn import GDNDims
-from ..rope import rotary_dim_for
+from ..attention.rope import rotary_dim_for
 
 __all__ = ["Qwen36Config", "ConfigError", "LAYER_KINDS"]
 

@@ -12,7 +12,7 @@ Which registered path each block runs is chosen by `Qwen36Paths`; the default is
 `forward(..., trace=...)` runs each block inside `trace(kind)` (kinds: TRACE_KINDS), for a profiler that
 times blocks without a copy of this loop; without it nothing is wrapped.
 
-The residual add and the norm after it are one call of model.norm.ADD_RMS_NORM_PATHS (`h, x = add_norm(h, y)`),
+The residual add and the norm after it are one call of model.norm.rms_norm.ADD_RMS_NORM_PATHS (`h, x = add_norm(h, y)`),
 so a path can do both in one kernel; the `fused` path is the two as before, bit for bit.
 """
 from __future__ import annotations
@@ -24,12 +24,12 @@ from typing import Callable, ContextManager, Union
 import torch
 import torch.nn.functional as F
 
-from ..attention import ATTENTION_CORES, KVCache, gated_attention
-from ..attention_decode import attention_static
-from ..dispatch_scope import one_dispatch_scope
+from ..attention.layer import ATTENTION_CORES, KVCache, gated_attention
+from ..attention.decode_layer import attention_static
+from ..dispatch.scope import one_dispatch_scope
 from ..gdn import CONV_PATHS, GDN_RULE_PATHS, GDNState, gdn_layer
 from ..moe import MoEConfig, MoEWeights, moe_block
-from ..norm import ADD_RMS_NORM_PATHS, RMS_NORM_PATHS, select_add_rms_norm_path
+from ..norm.rms_norm import ADD_RMS_NORM_PATHS, RMS_NORM_PATHS, select_add_rms_norm_path
 from .static_cache import StaticDecodeCache
 from .weights import DenseMLPWeights, Qwen36Weights
 
@@ -51,13 +51,13 @@ class Qwen36Paths:
     (model.gdn.GDN_DECODE_LAYER_PATHS; `gdn_rule` and `gdn_conv` serve the `staged` layer and prefills). A forced
     `gdn_rule` or `gdn_conv` runs the staged layer, so it cannot combine with `gdn_decode_layer`.
     `attention_decode_layer` picks the full-attention layer's path for a one-token step over a static cache
-    (model.attention_decode.ATTENTION_DECODE_LAYER_PATHS); a forced `attention_core` or `norm` runs the staged
+    (model.attention.decode_layer.ATTENTION_DECODE_LAYER_PATHS); a forced `attention_core` or `norm` runs the staged
     attention (`gated_attention_static`) with them, and a prefill always does.
-    `norm` names the path of every RMSNorm (model.norm's tables: the residual add + RMSNorm between blocks, the
+    `norm` names the path of every RMSNorm (model.norm.rms_norm's tables: the residual add + RMSNorm between blocks, the
     q/k norms, the GDN gated norm alike); None: the serving choice of each (the device's dispatch table, else
     `fused`), so a one-token step still takes the GDN and attention decode-layer paths. A forced `norm` runs the
     staged GDN layer and the staged attention. `add_norm` picks the residual add + RMSNorm between blocks alone
-    (model.norm.ADD_RMS_NORM_PATHS), over `norm`, keeping the mixers' choices."""
+    (model.norm.rms_norm.ADD_RMS_NORM_PATHS), over `norm`, keeping the mixers' choices."""
 
     moe: MoEConfig = field(default_factory=MoEConfig)
     router: str = "topk_softmax"
@@ -72,7 +72,7 @@ class Qwen36Paths:
 
     def between_blocks_norm(self, rows: int, device: torch.device, dtype: torch.dtype) -> str:
         """The residual add + RMSNorm path between blocks for a call over `rows` tokens: `add_norm`, else `norm`,
-        else the serving choice (model.norm.select_add_rms_norm_path)."""
+        else the serving choice (model.norm.rms_norm.select_add_rms_norm_path)."""
         return self.add_norm or self.norm or select_add_rms_norm_path(rows, device, dtype)
 
     @classmethod

@@ -2,7 +2,7 @@
 
 A `Qwen36Cache` is rebuilt by every step (new GDN states, a KV cache grown by torch.cat, a host-side length). A
 `StaticDecodeCache` holds, per layer, a GDNState the GDN layer updates in place (`in_place=True`), or a
-model.attention.StaticKVCache of `max_len` positions, and the number of tokens seen as an int64 tensor on the
+model.attention.layer.StaticKVCache of `max_len` positions, and the number of tokens seen as an int64 tensor on the
 device, shared by the attention layers and advanced in place after each step. Nothing in a step then reads a
 host integer or allocates a shape that depends on the length, so one captured step serves every length below
 max_len. It is filled from a prefill's dynamic cache (`from_prefill`): the prompt runs the ordinary forward.
@@ -14,7 +14,7 @@ from typing import Union
 
 import torch
 
-from ..attention import KVCache, StaticKVCache
+from ..attention.layer import KVCache, StaticKVCache
 from ..gdn import GDNState
 
 __all__ = ["StaticDecodeCache"]

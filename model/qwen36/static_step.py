@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ..attention import StaticKVCache
+from ..attention.layer import StaticKVCache
 from .model import Qwen36Cache, Qwen36Model
 from .static_cache import StaticDecodeCache
 

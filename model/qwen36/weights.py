@@ -7,7 +7,7 @@ from typing import Mapping, Union
 
 import torch
 
-from ..attention import AttentionWeights
+from ..attention.layer import AttentionWeights
 from ..gdn import GDNWeights
 from ..moe import MoEWeights
 from .config import Qwen36Config

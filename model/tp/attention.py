@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import torch
 
-from ..attention import AttentionWeights, KVCache, gated_attention
+from ..attention.layer import AttentionWeights, KVCache, gated_attention
 from .common import all_reduce_sum, check_divisible, shard_columns, shard_rows
 
 __all__ = ["kv_heads_for_rank", "shard_attention_weights", "gated_attention_tp"]

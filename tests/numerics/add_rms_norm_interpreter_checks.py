@@ -1,6 +1,6 @@
 """The residual add + RMSNorm property (tests/numerics/test_add_rms_norm.py) for the `triton` path, on the CPU
-through Triton's interpreter: both outputs bit for bit torch's `h + y` and model.norm_triton's one-launch RMSNorm
-of that sum, and within the norm tolerances of the float64 reference; and the same property rejecting
+through Triton's interpreter: both outputs bit for bit torch's `h + y` and model.norm.triton_rms_norm's one-launch
+RMSNorm of that sum, and within the norm tolerances of the float64 reference; and the same property rejecting
 deliberately broken kernels.
 
 Not collected by the suite itself (the file name does not start with `test_`): the interpreter must be chosen
@@ -22,9 +22,9 @@ import pytest
 import torch
 from hypothesis import settings
 
-from model import norm_triton
-from model.norm import ADD_RMS_NORM_PATHS, rms_norm_reference
-from model.paths import LOW_PRECISION
+from model.norm import triton_rms_norm as norm_triton
+from model.norm.rms_norm import ADD_RMS_NORM_PATHS, rms_norm_reference
+from model.dispatch.paths import LOW_PRECISION
 from model.tolerances import ADD_NORM_PATHS
 from tests.numerics.compare import assert_close
 from tests.numerics.kernel_mutants import FALSIFY, load_mutant
@@ -61,7 +61,7 @@ def _launch_edges(dtype: torch.dtype) -> tuple[AddNormCase, ...]:
 
 
 def test_kernel_runs_through_the_interpreter_on_cpu():
-    assert norm_triton.INTERPRETED, "TRITON_INTERPRET=1 was not in effect when model.norm_triton was imported"
+    assert norm_triton.INTERPRETED, "TRITON_INTERPRET=1 was not in effect when model.norm.triton_rms_norm was imported"
     assert all(PATH.supports(1, dtype, "cpu") for dtype in LOW_PRECISION)
     assert not PATH.supports(1, torch.float64, "cpu"), "the Triton residual add has no float64 kernel"
     assert not PATH.supports(1, F32, "cuda"), "interpreted kernels claim a GPU"
@@ -149,7 +149,7 @@ def test_refuses_what_the_kernel_cannot_compute():
     wide = norm_triton.MAX_HIDDEN + 1
     with pytest.raises(ValueError, match=f"H <= {norm_triton.MAX_HIDDEN}, not {wide}; use the 'fused' path"):
         PATH.fn(torch.ones(1, wide), torch.ones(1, wide), torch.ones(wide), EPS)
-    # The kernel module's own checks, for callers that skip model.norm's.
+    # The kernel module's own checks, for callers that skip model.norm.rms_norm's.
     with pytest.raises(TypeError, match="adds y of h's dtype torch.float32, not torch.bfloat16"):
         norm_triton.add_zero_centred_rms_norm(torch.ones(2, 8), torch.ones(2, 8, dtype=BF16), torch.ones(8), EPS)
     with pytest.raises(ValueError, match="on one device"):

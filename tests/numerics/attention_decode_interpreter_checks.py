@@ -20,9 +20,9 @@ import torch
 from hypothesis import Phase, settings
 from hypothesis import strategies as st
 
-from model import attention_decode, attention_triton_decode
-from model.attention import StaticKVCache
-from model.attention_decode import ATTENTION_DECODE_LAYER_PATHS
+from model.attention import decode_layer as attention_decode, triton_decode_layer as attention_triton_decode
+from model.attention.layer import StaticKVCache
+from model.attention.decode_layer import ATTENTION_DECODE_LAYER_PATHS
 from model.tolerances import ATTENTION_DECODE_LAYER, ATTENTION_DECODE_LAYER_CACHE
 from tests.numerics.kernel_mutants import FALSIFY, load_mutant
 from tests.numerics.test_attention_decode_layer import (
@@ -78,7 +78,7 @@ MUTANTS = {
 
 
 def _mutant_core(tmp_path: Path, name: str, old: str, new: str):
-    """attention_decode_core of a copy of model/attention_triton_decode.py with `old` replaced by `new`."""
+    """attention_decode_core of a copy of model/attention/triton_decode_layer.py with `old` replaced by `new`."""
     return load_mutant(attention_triton_decode, tmp_path, name, old, new).attention_decode_core
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 
-from model.dispatch_table import SCHEMA, TABLE_ENV, clear_table_cache
+from model.dispatch.table import SCHEMA, TABLE_ENV, clear_table_cache
 
 __all__ = ["one_block_table"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from model.attention import AttentionDims, AttentionWeights, KVCache
+from model.attention.layer import AttentionDims, AttentionWeights, KVCache
 from model.gdn import GDNDims, GDNState, GDNWeights, gdn_gating
 
 # Tiny dims with the real model's ratios: HV = 2H value heads per key head, GQA 2:1, rotary 1/4 of head_dim.

@@ -37,9 +37,9 @@ def eager_wall_us(fn: Callable[[], object], calls: int = 200, warmup: int = 10) 
 
 
 def through_the_jit(fn: Callable[[], object]):
-    """fn() with every prepared launch (model.triton_launch) taking the JIT instead, as it does while a launch
+    """fn() with every prepared launch (model.dispatch.triton_launch) taking the JIT instead, as it does while a launch
     hook is set: what a prepared launch must equal, bit for bit."""
-    from model import triton_launch
+    from model.dispatch import triton_launch
 
     runtime = triton_launch.knobs.runtime
     kept = runtime.launch_enter_hook

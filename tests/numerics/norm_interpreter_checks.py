@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model import norm_triton
-from model.norm import GATED_NORM_PATHS, RMS_NORM_PATHS, gated_rms_norm_reference, rms_norm_reference
-from model.paths import LOW_PRECISION
+from model.norm import triton_rms_norm as norm_triton
+from model.norm.rms_norm import GATED_NORM_PATHS, RMS_NORM_PATHS, gated_rms_norm_reference, rms_norm_reference
+from model.dispatch.paths import LOW_PRECISION
 from model.tolerances import NORM_PATHS
 from tests.numerics.compare import assert_close
 from tests.numerics.test_norm import EPS, NormCase, check_norm_path, edge_cases
@@ -36,7 +36,7 @@ def _launch_edges(dtype: torch.dtype) -> tuple[NormCase, ...]:
 
 
 def test_kernels_run_through_the_interpreter_on_cpu():
-    assert norm_triton.INTERPRETED, "TRITON_INTERPRET=1 was not in effect when model.norm_triton was imported"
+    assert norm_triton.INTERPRETED, "TRITON_INTERPRET=1 was not in effect when model.norm.triton_rms_norm was imported"
     for table in TABLES.values():
         path = table["triton"]
         assert all(path.supports(1, dtype, "cpu") for dtype in LOW_PRECISION)

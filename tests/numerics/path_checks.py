@@ -7,7 +7,7 @@ from typing import Callable, Iterator
 import pytest
 from hypothesis import example, settings
 
-from model.paths import ComputePath
+from model.dispatch.paths import ComputePath
 
 __all__ = ["cpu_skip_marks", "path_params", "run_property"]
 

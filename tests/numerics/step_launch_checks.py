@@ -22,7 +22,7 @@ from harness.tune.measure.inputs import rank_config, rank_weights
 from harness.tune.step.launch_count import count_launches
 from harness.tune.step.run import TINY_MODEL
 from harness.tune.table.build import table_serving
-from model.dispatch_table import TABLE_ENV, clear_table_cache
+from model.dispatch.table import TABLE_ENV, clear_table_cache
 from model.qwen36 import CapturableDecodeStep, Qwen36Config, Qwen36Model
 from tests.numerics.compare import relative_error
 

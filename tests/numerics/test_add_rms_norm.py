@@ -1,5 +1,5 @@
-"""Residual add + zero-centred RMSNorm paths (model.norm.ADD_RMS_NORM_PATHS): `fn(h, y, w, eps) -> (h_new, normed)`,
-the decode step's `h = h + y` and the norm of the new h in one call.
+"""Residual add + zero-centred RMSNorm paths (model.norm.rms_norm.ADD_RMS_NORM_PATHS):
+`fn(h, y, w, eps) -> (h_new, normed)`, the decode step's `h = h + y` and the norm of the new h in one call.
 
 The property lives here for every path and every file that checks one (`AddNormCase`, `add_norm_cases`,
 `check_add_norm_path`): both outputs within the norm tolerances of the float64 reference on the same (upcast)
@@ -25,8 +25,8 @@ import torch
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from model.norm import ADD_RMS_NORM_PATHS, rms_norm_fused, rms_norm_reference
-from model.paths import LOW_PRECISION
+from model.norm.rms_norm import ADD_RMS_NORM_PATHS, rms_norm_fused, rms_norm_reference
+from model.dispatch.paths import LOW_PRECISION
 from model.tolerances import ADD_NORM_PATHS
 from tests.numerics.compare import relative_error
 from tests.numerics.gdn_attention_cases import generator, randn
@@ -269,7 +269,7 @@ def test_the_triton_kernel_compiles_for_hopper(dtype, hidden):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from model import norm_triton
+    from model.norm import triton_rms_norm as norm_triton
 
     kernel = norm_triton._add_zero_centred_rms_norm_kernel
     if norm_triton.INTERPRETED:

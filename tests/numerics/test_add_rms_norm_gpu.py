@@ -1,9 +1,9 @@
-"""The Triton residual add + RMSNorm (model.norm.ADD_RMS_NORM_PATHS["triton"]) on a CUDA GPU, compiled (not
-interpreted): both outputs bit for bit torch's `h + y` and model.norm_triton's one-launch RMSNorm of that sum, and
-within the norm tolerances of the float64 reference, at small dims and at the residual stream's real shape
+"""The Triton residual add + RMSNorm (model.norm.rms_norm.ADD_RMS_NORM_PATHS["triton"]) on a CUDA GPU, compiled (not
+interpreted): both outputs bit for bit torch's `h + y` and model.norm.triton_rms_norm's one-launch RMSNorm of that sum,
+and within the norm tolerances of the float64 reference, at small dims and at the residual stream's real shape
 ([rows, 2048], rows = tokens in 1, 8, 64, 256; bf16 and float32); one kernel launch per call; the prepared launch
-(model.triton_launch) computing the JIT's bits whatever the inputs' alignment and layout; a CUDA graph replaying
-the eager bits. Prints the eager per-call time of the unfused step's kernels against the one launch.
+(model.dispatch.triton_launch) computing the JIT's bits whatever the inputs' alignment and layout; a CUDA graph
+replaying the eager bits. Prints the eager per-call time of the unfused step's kernels against the one launch.
 
     python3 -m pytest -m gpu -s --hypothesis-profile=gpu tests/numerics/test_add_rms_norm_gpu.py
 
@@ -15,10 +15,10 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from model import norm as norm_paths
-from model import triton_launch
-from model.norm import ADD_RMS_NORM_PATHS, rms_norm_reference
-from model.paths import LOW_PRECISION
+from model.norm import rms_norm as norm_paths
+from model.dispatch import triton_launch
+from model.norm.rms_norm import ADD_RMS_NORM_PATHS, rms_norm_reference
+from model.dispatch.paths import LOW_PRECISION
 from model.tolerances import ADD_NORM_PATHS
 from tests.numerics.compare import assert_close, relative_error
 from tests.numerics.gpu_timing import eager_wall_us, through_the_jit, write_gpu_report

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.attention import ATTENTION_CORES, AttentionDims, KVCache, gated_attention
-from model.rope import apply_partial_rope, rope_cos_sin
+from model.attention.layer import ATTENTION_CORES, AttentionDims, KVCache, gated_attention
+from model.attention.rope import apply_partial_rope, rope_cos_sin
 from tests.numerics.compare import assert_close, cpu_supports
 from tests.numerics.gdn_attention_cases import TINY_ATTENTION, generator, randn, random_attention_weights
 from model.tolerances import ATTENTION_CORES as CORE_TOLERANCES, ATTENTION_PREFIX

@@ -1,5 +1,5 @@
-"""Attention decode layer paths (model.attention_decode.ATTENTION_DECODE_LAYER_PATHS): every path equals the float64
-reference layer, writes the new key and value at position cache.length and nothing else, and gives the same bits
+"""Attention decode layer paths (model.attention.decode_layer.ATTENTION_DECODE_LAYER_PATHS): every path equals the
+float64 reference layer, writes the new key and value at position cache.length and nothing else, and gives the same bits
 twice; `staged` is gated_attention_static bit for bit.
 
 The property lives here for every file that checks a path (`AttentionDecodeCase`, `decode_cases`,
@@ -24,16 +24,13 @@ import torch
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from model.attention import AttentionDims, AttentionWeights, StaticKVCache, gated_attention_static
-from model.attention_decode import (
-    ATTENTION_DECODE_LAYER_PATHS,
-    attention_static,
-    run_attention_decode_layer,
-    select_attention_decode_layer_path,
+from model.attention.layer import AttentionDims, AttentionWeights, StaticKVCache, gated_attention_static
+from model.attention.decode_layer import (
+    ATTENTION_DECODE_LAYER_PATHS, attention_static, run_attention_decode_layer, select_attention_decode_layer_path,
     served_attention_decode_layer,
 )
-from model.dispatch_table import BLOCKS
-from model.rope import rope_cos_sin
+from model.dispatch.table import BLOCKS
+from model.attention.rope import rope_cos_sin
 from model.tolerances import ATTENTION_CORES, ATTENTION_DECODE_LAYER, ATTENTION_DECODE_LAYER_CACHE
 from tests.numerics.dispatch_fixture import one_block_table
 from tests.numerics.compare import cpu_supports, relative_error
@@ -413,7 +410,7 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 
 @needs_triton
 def test_rope_table_is_rope_cos_sin_in_float32_built_once():
-    from model.attention_triton_decode import rope_table
+    from model.attention.triton_decode_layer import rope_table
 
     cos, sin = rope_table(8, 1e7, 40, torch.device("cpu"))
     assert rope_table(8, 1e7, 40, torch.device("cpu"))[0] is cos, "built once per key"
@@ -442,7 +439,7 @@ def test_the_triton_kernel_compiles_for_hopper(dtype):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from model import attention_triton_decode as mod
+    from model.attention import triton_decode_layer as mod
 
     kernel = mod._attention_decode_kernel
     if mod.INTERPRETED:

@@ -1,4 +1,4 @@
-"""Norm paths (model.norm): every registered path equals its float64 reference, and the references are what HF
+"""Norm paths (model.norm.rms_norm): every registered path equals its float64 reference, and the references are what HF
 computes (zero-centred `x_hat * (1 + w)`, gated `w * x_hat * silu(z)`).
 
 The property lives here for every path and every file that checks one (`NormCase`, `norm_cases`,
@@ -18,8 +18,8 @@ import torch
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from model.norm import GATED_NORM_PATHS, RMS_NORM_PATHS, gated_rms_norm_reference, rms_norm_reference
-from model.paths import PathTable
+from model.norm.rms_norm import GATED_NORM_PATHS, RMS_NORM_PATHS, gated_rms_norm_reference, rms_norm_reference
+from model.dispatch.paths import PathTable
 from model.tolerances import NORM_PATHS
 from tests.numerics.compare import assert_close, relative_error
 from tests.numerics.gdn_attention_cases import generator, randn, uniform

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, settings
 
-from model.norm import gated_rms_norm_fused, rms_norm_fused
+from model.norm.rms_norm import gated_rms_norm_fused, rms_norm_fused
 from model.tolerances import NORM_PATHS
 from tests.numerics.test_norm import check_norm_path
 

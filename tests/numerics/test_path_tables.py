@@ -1,4 +1,4 @@
-"""The path tables of every block (model.paths.PathTable): one reference each, registration rules, the
+"""The path tables of every block (model.dispatch.paths.PathTable): one reference each, registration rules, the
 errors a caller gets, and that a module dropped into model/moe/expert_paths/ registers itself."""
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import model.moe.expert_paths
-from model.attention import ATTENTION_CORES
-from model.attention_decode import ATTENTION_DECODE_LAYER_PATHS
+from model.attention.layer import ATTENTION_CORES
+from model.attention.decode_layer import ATTENTION_DECODE_LAYER_PATHS
 from model.gdn import CONV_PATHS, GDN_RULE_PATHS
 from model.moe import EXPERT_PATHS, MOE_BLOCK_PATHS, ROUTERS
-from model.norm import ADD_RMS_NORM_PATHS, GATED_NORM_PATHS, RMS_NORM_PATHS
-from model.paths import ComputePath, PathTable, always_float64
+from model.norm.rms_norm import ADD_RMS_NORM_PATHS, GATED_NORM_PATHS, RMS_NORM_PATHS
+from model.dispatch.paths import ComputePath, PathTable, always_float64
 
 F32 = torch.float32
 TABLES = {

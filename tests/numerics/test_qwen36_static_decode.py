@@ -4,7 +4,7 @@ What is bit-equal and what is not:
 - the GDN layer with its state updated in place (gdn_layer(..., in_place=True)) is gdn_layer: output and state bit-equal;
 - the static attention writes bit-equal keys and values, but its output is not bit-equal: its core sums over
   all max_len positions (later ones masked) where the dynamic core sums over the cached ones, and SDPA's CPU
-  kernel associates those sums by the key count (model/attention.py gated_attention_static says where). It is
+  kernel associates those sums by the key count (model/attention/layer.py gated_attention_static says where). It is
   held to model.tolerances.ATTENTION_CORES;
 - so in the whole model, every layer before the first attention layer (its GDN state, its MoE block's output) is
   bit-equal, the first attention layer's keys and values are, and the logits agree to ATTENTION_CORES with the
@@ -20,8 +20,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.tune.measure.inputs import attention_weights, gdn_weights, rank_config, rank_weights
 from harness.tune.step.run import TINY_MODEL
-from model.attention import KVCache, StaticKVCache, gated_attention, gated_attention_static
-from model.dispatch_table import TABLE_ENV
+from model.attention.layer import KVCache, StaticKVCache, gated_attention, gated_attention_static
+from model.dispatch.table import TABLE_ENV
 from model.gdn import GDNState, gdn_layer
 from model.moe import MoEConfig
 from model.qwen36 import CapturableDecodeStep, Qwen36Config, Qwen36Model, Qwen36Paths, StaticDecodeCache

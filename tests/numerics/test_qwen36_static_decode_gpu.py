@@ -16,7 +16,7 @@ from harness.tune.measure.point import Settings
 from harness.tune.step.run import QWEN36_35B_A3B, TINY_MODEL
 from harness.tune.step.graph import measure_static_step
 from harness.tune.measure.timing import L2Flusher
-from model.dispatch_table import TABLE_ENV
+from model.dispatch.table import TABLE_ENV
 from model.moe import MoEConfig, select_expert_path
 from model.qwen36 import CapturableDecodeStep, Qwen36Config, Qwen36Model, Qwen36Paths
 from model.qwen36.static_step import greedy_logits

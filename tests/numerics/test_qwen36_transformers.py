@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from model.dispatch_table import SCHEMA, TABLE_ENV
+from model.dispatch.table import SCHEMA, TABLE_ENV
 from model.moe import EXPERT_PATHS, MoEConfig, select_expert_path
 from model.moe.config import PREFILL_IMPLS, TINY_IMPLS
 from model.qwen36 import Qwen36Config, Qwen36Model, Qwen36Paths, Qwen36Weights

@@ -1,4 +1,4 @@
-"""Prepared launches (model/triton_launch.py) on a CUDA GPU: a kernel launched straight into its compiled form
+"""Prepared launches (model/dispatch/triton_launch.py) on a CUDA GPU: a kernel launched straight into its compiled form
 computes the same bits as through the JIT, for the fused MoE block and the fused GDN decode layer, whatever
 changes between calls (another x, a misaligned or strided x, other weights, other dims), and it is really the
 prepared route that ran. Also prints the eager wall time per call of each block, JIT against prepared.
@@ -12,7 +12,7 @@ import torch
 
 from harness.tune.measure.dims import REAL_PER_RANK, MoEDims
 from harness.tune.measure.inputs import gdn_weights, moe_weights
-from model import triton_launch
+from model.dispatch import triton_launch
 from model.gdn import GDNState, run_decode_layer
 from model.moe import moe_block
 from tests.numerics.gpu_timing import eager_wall_us, through_the_jit

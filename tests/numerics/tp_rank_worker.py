@@ -17,7 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from model.attention import AttentionDims, gated_attention
+from model.attention.layer import AttentionDims, gated_attention
 from model.gdn import GDNDims, gdn_layer
 from model.moe import MoEConfig, moe_block
 from model.tp import shard_attention_weights, shard_gdn_weights, shard_moe_weights

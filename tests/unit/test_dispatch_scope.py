@@ -1,4 +1,4 @@
-"""model.dispatch_scope: inside one forward pass each selector answers each question once; outside a scope, and in
+"""model.dispatch.scope: inside one forward pass each selector answers each question once; outside a scope, and in
 the next pass, it asks again (so a table switched between passes takes effect)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 import model.moe.block_paths as block_paths
 from harness.tune.measure.inputs import rank_config, rank_weights
 from harness.tune.step.run import TINY_MODEL
-from model.dispatch_scope import one_dispatch_scope, scoped
+from model.dispatch.scope import one_dispatch_scope, scoped
 from model.qwen36 import Qwen36Config, Qwen36Model
 
 

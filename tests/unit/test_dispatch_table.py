@@ -1,4 +1,4 @@
-"""Dispatch tables (model.dispatch_table): file names, loading and its errors, which table a device gets, and
+"""Dispatch tables (model.dispatch.table): file names, loading and its errors, which table a device gets, and
 the MoE and GDN dispatchers following a table, falling back to the knobs wherever it has nothing to say."""
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from unittest.mock import patch
 import pytest
 import torch
 
-from model.dispatch_table import (
+from model.dispatch.table import (
     CHECKOUT_TABLE_DIR, DIR_ENV, SCHEMA, TABLE_ENV, DispatchTableError, choose_table, clear_table_cache,
     load_dispatch_table, table_file_name,
 )
 from model.gdn import (CONV_PATHS, GDN_RULE_PATHS, GDNState, gdn_layer, select_conv_path, select_gated_norm_path,
                        select_rule_path)
-from model.norm import GATED_NORM_PATHS
+from model.norm.rms_norm import GATED_NORM_PATHS
 from model.moe import EXPERT_PATHS, MoEConfig, dispatch_experts, select_expert_path
 from patches import moe_experts
 from tests.numerics.gdn_attention_cases import TINY_GDN, generator, random_gdn_weights, randn
@@ -133,7 +133,7 @@ def test_a_table_setting_naming_no_file_is_an_error():
 
 def test_the_default_directory_is_the_checkouts_fixtures():
     assert CHECKOUT_TABLE_DIR.parts[-2:] == ("fixtures", "dispatch")
-    assert (CHECKOUT_TABLE_DIR.parent.parent / "model" / "dispatch_table.py").is_file()
+    assert (CHECKOUT_TABLE_DIR.parent.parent / "model" / "dispatch" / "table.py").is_file()
 
 
 @pytest.mark.parametrize("config", [MoEConfig(), MoEConfig(tiny_impl="bmm", tiny_max=8, prefill_impl="grouped_mm"),

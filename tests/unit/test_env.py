@@ -1,9 +1,9 @@
-"""model/env.py: the one boolean parser of the MoE knobs, the patch switches and presubmit."""
+"""model/dispatch/env.py: the one boolean parser of the MoE knobs, the patch switches and presubmit."""
 from __future__ import annotations
 
 import pytest
 
-from model.env import EnvValueError, env_bool, parse_bool
+from model.dispatch.env import EnvValueError, env_bool, parse_bool
 from model.moe import MoEConfig, MoEConfigError
 
 

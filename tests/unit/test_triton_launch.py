@@ -1,5 +1,5 @@
-"""Prepared Triton launches (model/triton_launch.py): the bookkeeping, against a stand-in kernel that records what
-it was called with. Whether a real compiled kernel launched this way computes what the JIT computes is
+"""Prepared Triton launches (model/dispatch/triton_launch.py): the bookkeeping, against a stand-in kernel that records
+what it was called with. Whether a real compiled kernel launched this way computes what the JIT computes is
 tests/numerics/test_triton_launch_gpu.py's question (it needs CUDA)."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("triton")
 
-from model import triton_launch  # noqa: E402
-from model.triton_launch import LaunchPlan, PlansByOwner, PreparedLaunch  # noqa: E402
+from model.dispatch import triton_launch  # noqa: E402
+from model.dispatch.triton_launch import LaunchPlan, PlansByOwner, PreparedLaunch  # noqa: E402
 
 
 class _Param:

@@ -1,11 +1,11 @@
-"""The one rule for where this package's Triton kernels run (model/triton_support.py)."""
+"""The one rule for where this package's Triton kernels run (model/dispatch/triton_support.py)."""
 from __future__ import annotations
 
 import os
 
 import pytest
 
-from model import triton_support
+from model.dispatch import triton_support
 
 
 @pytest.mark.parametrize(

@@ -159,7 +159,7 @@ def test_a_report_of_a_check_with_injected_delays_is_not_added(recorded, tmp_pat
 
 
 def test_the_table_under_test_is_this_process_s_only_while_the_check_runs(recorded, tmp_path, monkeypatch):
-    from model.dispatch_table import TABLE_ENV
+    from model.dispatch.table import TABLE_ENV
 
     monkeypatch.setenv(TABLE_ENV, "off")  # whatever the caller had: other tests in this worker dispatch by it
     check(tmp_path, recorded)

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from harness.cli import main
-from model.dispatch_table import TABLE_ENV, clear_table_cache, load_dispatch_table
-from model.attention_decode import select_attention_decode_layer_path
+from model.dispatch.table import TABLE_ENV, clear_table_cache, load_dispatch_table
+from model.attention.decode_layer import select_attention_decode_layer_path
 from model.gdn import select_conv_path, select_gated_norm_path, select_rule_path
 from model.moe import MoEConfig, select_expert_path
-from model.norm import select_add_rms_norm_path
+from model.norm.rms_norm import select_add_rms_norm_path
 
 MOE_POINTS, BLOCK_POINTS, PREFILL_POINTS, DECODE_POINTS = (1, 3, 16), (1,), (64,), (1, 4)
 CONV_POINTS, NORM_ROWS = (1, 64), (1, 4, 64)  # one token and the prefill points; the norms' rows add the batches

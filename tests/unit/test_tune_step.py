@@ -21,10 +21,10 @@ from harness.tune.step.run import QWEN36_35B_A3B, TINY_MODEL, BlockClock, StepRo
 from harness.tune.step.graph import CHECK_STEPS, GraphResult, measure_static_step
 from harness.tune.step.report import format_step_table, write_step_report
 from harness.tune.measure.timing import L2Flusher, Timing
-from model.attention import gated_attention
+from model.attention.layer import gated_attention
 from model.gdn import gdn_layer
 from model.moe import moe_block
-from model.norm import RMS_NORM_PATHS
+from model.norm.rms_norm import RMS_NORM_PATHS
 from model.qwen36 import Qwen36Config, Qwen36Model
 from model.tolerances import ATTENTION_CORES
 

@@ -13,8 +13,8 @@ from harness.tune.measure import dims as D
 from harness.tune.measure.point import Settings
 from harness.tune.blocks.attention_and_norm import sweep_add_rms_norm, sweep_attention_layer
 from harness.tune.measure.timing import L2Flusher
-from model.attention_decode import ATTENTION_DECODE_LAYER_PATHS
-from model.norm import ADD_RMS_NORM_PATHS
+from model.attention.decode_layer import ATTENTION_DECODE_LAYER_PATHS
+from model.norm.rms_norm import ADD_RMS_NORM_PATHS
 
 CPU = torch.device("cpu")
 S = Settings(CPU, torch.float32, reps=1, warmup=0, graphs=False, flusher=L2Flusher(CPU, 0))

@@ -8,7 +8,7 @@ from harness.tune.measure.point import Measurement
 from harness.tune.table.build import build_table, write_table
 from harness.tune.table.targets import judge_targets
 from harness.tune.measure.timing import Timing
-from model.dispatch_table import load_dispatch_table
+from model.dispatch.table import load_dispatch_table
 
 
 def row(block, key, path, eager_us, graph_us=None, status="ok", floor_us=None):

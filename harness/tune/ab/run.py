@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from model.dispatch_table import TABLE_ENV, table_file_name
+from model.dispatch.table import TABLE_ENV, table_file_name
 
 from ..measure import dims as D
 from .rule import ABVerdict, SideSweeps, judge_ab
@@ -279,7 +279,7 @@ def _write_report(directory: Path, setup: _Setup, o: ABOptions, roots: dict, wor
                     if side in workers else None, "pid": workers[side].pid if side in workers else None}
              for side in SIDES}
     # A reference from before dispatch tables serves the block and the layer by its knobs, not by the table.
-    notes = [f"{side}'s model has no model.dispatch_table: its MoE block and GDN layer are served by its knobs"
+    notes = [f"{side}'s model has no model.dispatch.table: its MoE block and GDN layer are served by its knobs"
              for side, w in workers.items() if w.info.get("table_followed") is False]
     counts: dict[str, int] = {}
     for v in verdicts:

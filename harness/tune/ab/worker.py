@@ -102,7 +102,7 @@ def _point_timer(a) -> Callable[[dict], list[dict]]:
         importlib.import_module(name)  # ImportError: this reference's model lacks what the harness needs
     from model.gdn import CONV_PATHS, GDN_RULE_PATHS, select_rule_path
     from model.moe import EXPERT_PATHS, MoEConfig, select_expert_path
-    from model.norm import GATED_NORM_PATHS
+    from model.norm.rms_norm import GATED_NORM_PATHS
 
     from ..measure import dims as D
     from ..measure.ceilings import ceilings_for
@@ -163,7 +163,7 @@ def _point_timer(a) -> Callable[[dict], list[dict]]:
                 return [_missing(block, key, path, why)]
             sweep(dims.gdn, [key], s, ceilings, quiet, rows, paths_at=lambda b, k: {path})
         elif block in ("attention_layer_decode", "add_rms_norm"):
-            try:  # harness.tune.blocks.attention_and_norm imports model.attention_decode and model.norm's add + RMSNorm
+            try:  # attention_and_norm imports model.attention.decode_layer and model.norm.rms_norm's add + RMSNorm
                 from ..blocks import attention_and_norm as step_blocks
             except ImportError as exc:
                 return [_missing(block, key, path, f"this side's model has no {block} paths: {exc}")]
@@ -205,7 +205,7 @@ def _missing(block: str, key: int, path: str, why: str) -> dict:
 def _set_table(table: str) -> bool:
     """Both sides dispatch by the table under test, whatever the environment; False if `model` has no tables."""
     try:
-        dispatch_table = importlib.import_module("model.dispatch_table")
+        dispatch_table = importlib.import_module("model.dispatch.table")
     except ImportError:
         return False
     os.environ[dispatch_table.TABLE_ENV] = table

@@ -1,7 +1,7 @@
 """The decode step's blocks outside the MoE block and the GDN layer: the full-attention layer at one token per
-sequence (model.attention_decode.ATTENTION_DECODE_LAYER_PATHS, block `attention_layer_decode`, keyed by the batch,
+sequence (model.attention.decode_layer.ATTENTION_DECODE_LAYER_PATHS, block `attention_layer_decode`, keyed by the batch,
 over ATTENTION_CONTEXT cached keys of a static KV cache) and the residual add + zero-centred RMSNorm between
-blocks (model.norm.ADD_RMS_NORM_PATHS, block `add_rms_norm`, keyed by rows: B * T tokens). Each path is checked
+blocks (model.norm.rms_norm.ADD_RMS_NORM_PATHS, block `add_rms_norm`, keyed by rows: B * T tokens). Each path is checked
 against its block's float64 reference; the attention layer's key and value written at the cache's length too, and
 nothing else in the cache changed.
 
@@ -15,9 +15,9 @@ from typing import Callable, Collection
 import torch
 
 from model import tolerances
-from model.attention import AttentionDims, StaticKVCache
-from model.attention_decode import ATTENTION_DECODE_LAYER_PATHS
-from model.norm import ADD_RMS_NORM_PATHS
+from model.attention.layer import AttentionDims, StaticKVCache
+from model.attention.decode_layer import ATTENTION_DECODE_LAYER_PATHS
+from model.norm.rms_norm import ADD_RMS_NORM_PATHS
 
 from ..measure.ceilings import Ceilings
 from ..measure.floors import add_rms_norm_work, attention_decode_work, floor_of

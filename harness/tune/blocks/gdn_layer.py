@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from model.gdn import GDN_DECODE_LAYER_PATHS, GDNDims, GDNState, gdn_gating, gdn_layer, run_conv_path, run_gdn_rule
-from model.norm import GATED_NORM_PATHS
+from model.norm.rms_norm import GATED_NORM_PATHS
 
 from model import tolerances
 from ..table.block_rows import fused_layer_paths, is_layer_row

@@ -1,6 +1,6 @@
 """The staged GDN layer's conv and gated-norm sweeps: every available path of model.gdn.CONV_PATHS (block
 `gdn_conv`, B = 1 and T tokens: the layer's q/k/v projection from a random conv state) and of
-model.norm.GATED_NORM_PATHS (block `gdn_gated_norm`, keyed by rows: B * T tokens of HV heads), each checked
+model.norm.rms_norm.GATED_NORM_PATHS (block `gdn_gated_norm`, keyed by rows: B * T tokens of HV heads), each checked
 against its block's float64 reference (the conv's new state exactly, its initial state left alone).
 
 These paths allocate their outputs (their calling convention has no `out`), so a row keeps what the last call
@@ -13,7 +13,7 @@ import torch
 
 from model import tolerances
 from model.gdn import CONV_PATHS, GDNDims
-from model.norm import GATED_NORM_PATHS
+from model.norm.rms_norm import GATED_NORM_PATHS
 
 from ..measure.ceilings import Ceilings
 from ..measure.floors import floor_of, gated_norm_work, gdn_conv_work

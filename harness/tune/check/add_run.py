@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from model.dispatch_table import CHECKOUT_TABLE_DIR, load_dispatch_table, table_file_name
+from model.dispatch.table import CHECKOUT_TABLE_DIR, load_dispatch_table, table_file_name
 
 from ..measure.point import Measurement
 from ..table.record import append_run, run_meta

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from model.dispatch_table import CHECKOUT_TABLE_DIR, DispatchTableError, load_dispatch_table, table_file_name
+from model.dispatch.table import CHECKOUT_TABLE_DIR, DispatchTableError, load_dispatch_table, table_file_name
 
 from ..table.record import RecordedPoint, recorded_points
 from ..measure.timing import graphs_supported

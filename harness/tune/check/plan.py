@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from model.attention_decode import select_attention_decode_layer_path
+from model.attention.decode_layer import select_attention_decode_layer_path
 from model.gdn import select_conv_path, select_gated_norm_path
-from model.norm import select_add_rms_norm_path
+from model.norm.rms_norm import select_add_rms_norm_path
 
 from ..table.record import RecordedPoint
 

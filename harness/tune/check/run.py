@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from model.dispatch_table import TABLE_ENV, clear_table_cache
+from model.dispatch.table import TABLE_ENV, clear_table_cache
 from model.gdn import select_decode_layer_path, select_rule_path
 from model.moe import MoEConfig, select_block_path, select_expert_path
 

@@ -1,6 +1,6 @@
 """Memory bandwidth and matrix rate per device: the two ceilings that turn bytes and FLOPs into floors.
 
-Keyed by the dispatch-table file stem of the device name (model.dispatch_table.table_file_name). Flags
+Keyed by the dispatch-table file stem of the device name (model.dispatch.table.table_file_name). Flags
 (--hbm-tbps, --peak-tflops) override an entry or stand in for a device that has none; without either the
 floors are reported as unknown rather than guessed.
 """

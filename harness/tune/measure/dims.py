@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from model.attention import AttentionDims
+from model.attention.layer import AttentionDims
 from model.gdn import GDNDims
 
 __all__ = ["MoEDims", "TuneDims", "REAL_PER_RANK", "TINY", "dims_from_hf_config", "recorded_dims",

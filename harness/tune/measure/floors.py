@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from model.attention import AttentionDims
+from model.attention.layer import AttentionDims
 from model.gdn import GDNDims
 from model.qwen36 import Qwen36Config
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from model.attention import AttentionDims, AttentionWeights
+from model.attention.layer import AttentionDims, AttentionWeights
 from model.gdn import GDNDims, GDNWeights, gdn_gating
 from model.moe import MoEWeights, route_reference
 from model.qwen36 import DenseMLPWeights, LayerWeights, Qwen36Config, Qwen36Weights

@@ -103,7 +103,7 @@ def tolerance_for(table: dict, path: str, s: Settings) -> float | None:
 def path_rows(table, block: str, key: int, tokens: int, only: Collection[str] | None, s: Settings,
               bounds: dict, bounds_name: str, floor: Floor, extra: dict,
               rows: list[Measurement]) -> Iterator[tuple[object, Measurement]]:
-    """The candidates of `table` (a model.paths.PathTable) to time at one point: those `only` names (None: all)
+    """The candidates of `table` (a model.dispatch.paths.PathTable) to time at one point: those `only` names (None: all)
     that take `tokens` in the run's dtype on its device, each given a row appended to `rows`. Yields (path, row)
     for the paths with a bound in `bounds` (model/tolerances.py's `bounds_name`); a row without one says so and
     is not timed."""

@@ -5,7 +5,7 @@ block is the figure to hold down. torch.profiler counts CUDA kernels on a GPU (h
 what the code asks for, wherever it runs:
 - every ATen op that computes (views, aliases and bare allocations excluded), seen by a TorchDispatchMode;
 - every Triton launch: through the JIT, through the CPU interpreter (TRITON_INTERPRET=1), or a prepared launch
-  (model.triton_launch). The ATen ops the interpreter runs inside a launch are not counted.
+  (model.dispatch.triton_launch). The ATen ops the interpreter runs inside a launch are not counted.
 
 For a path built of GEMMs and Triton kernels the count is its CUDA kernel count. A composite torch op counts as
 the ops it dispatches to on this device: on a CPU `F.rms_norm` is five, where CUDA may run a fused kernel.
@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from model import triton_launch
+from model.dispatch import triton_launch
 
 __all__ = ["LaunchCounter", "count_launches"]
 

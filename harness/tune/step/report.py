@@ -10,10 +10,10 @@ __all__ = ["format_step_table", "write_step_report", "graph_notes", "GRAPH_FINDI
 
 KIND_ORDER = ("moe", "mlp", "gdn", "attention", "norm", "lm_head", "embed", "other")
 
-# What blocks capturing the decode step, checked by reading model/qwen36, model/gdn, model/attention.py and
+# What blocks capturing the decode step, checked by reading model/qwen36, model/gdn, model/attention/layer.py and
 # model/moe; the report prints it under the graph column.
 GRAPH_FINDINGS = (
-    "What blocks capturing the decode step in a CUDA graph, read in model/qwen36, model/gdn, model/attention.py "
+    "What blocks capturing the decode step in a CUDA graph, read in model/qwen36, model/gdn, model/attention/layer.py "
     "and model/moe:",
     "the dynamic step (Qwen36Cache) cannot be replayed: each step returns new state tensors, the KV cache grows by "
     "torch.cat, and positions, RoPE and the causal mask come from the cache's length, a host integer. The static "
@@ -45,7 +45,7 @@ GRAPH_METHOD = (
     "bit for bit (the same kernels); two eager runs of those steps against each other (whether the kernels are "
     "reproducible at all); the static step's logits against the dynamic step's (relative error: the masked "
     "attention sums over max_len keys where the dynamic one sums over prefill + 1, so its rounding differs; see "
-    "model/attention.py gated_attention_static).",
+    "model/attention/layer.py gated_attention_static).",
 )
 
 

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
-from model.attention_decode import served_attention_decode_layer
-from model.dispatch_table import table_file_name
+from model.attention.decode_layer import served_attention_decode_layer
+from model.dispatch.table import table_file_name
 from model.gdn import select_conv_path, select_gated_norm_path, select_rule_path, served_decode_layer
 from model.moe import ROUTERS, select_block_path, select_expert_path
-from model.norm import ADD_RMS_NORM_PATHS, GATED_NORM_PATHS, RMS_NORM_PATHS, compute_dtype
+from model.norm.rms_norm import ADD_RMS_NORM_PATHS, GATED_NORM_PATHS, RMS_NORM_PATHS, compute_dtype
 from model.qwen36 import ConfigError, Qwen36Config, Qwen36Model, Qwen36Paths
 
 from ..measure.ceilings import ceilings_for
@@ -262,7 +262,8 @@ def measure_batch(model: Qwen36Model, batch: int, prefill: int, s: Settings, cei
     logits, cache = model.forward(prompt)
     if not torch.isfinite(logits[:, -1]).all():
         raise StepError("the prefill's logits are not finite: the random weights' scales "
-                        "(harness/tune/measure/inputs.py rank_weights) let activations overflow at these dims; lower them there")
+                        "(harness/tune/measure/inputs.py rank_weights) let activations overflow at these dims; lower "
+                        "them there")
     ids = logits[:, -1].argmax(-1, keepdim=True)
     del logits, prompt
     # Every sample is the same step, at position prefill + 1 from the prefilled cache (the model never

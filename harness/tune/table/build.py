@@ -1,4 +1,4 @@
-"""From measurements to the device's dispatch table (format: model.dispatch_table).
+"""From measurements to the device's dispatch table (format: model.dispatch.table).
 
 At each measured point the paths whose outputs met the bound are ranked by their graph replay time where the
 platform has graphs and the path captured (`prefer_graph`), else by their eager time. A point's choice holds
@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from model.dispatch_table import BLOCKS, SCHEMA, load_dispatch_table
+from model.dispatch.table import BLOCKS, SCHEMA, load_dispatch_table
 from model.gdn import CONV_PATHS, GDN_RULE_PATHS
 from model.moe import EXPERT_PATHS, MOE_BLOCK_PATHS
-from model.norm import GATED_NORM_PATHS
+from model.norm.rms_norm import GATED_NORM_PATHS
 
 from .block_rows import block_choice
 from ..measure.point import Measurement

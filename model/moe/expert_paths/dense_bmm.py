@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ...paths import ComputePath, compute_dtype
+from ...dispatch.paths import ComputePath, compute_dtype
 from ..experts import EXPERT_PATHS, silu_and_mul
 
 __all__ = ["experts_dense_bmm"]

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ... import triton_support
-from ...paths import LOW_PRECISION, ComputePath
+from ...dispatch import triton_support
+from ...dispatch.paths import LOW_PRECISION, ComputePath
 from ..experts import EXPERT_PATHS
 
 try:

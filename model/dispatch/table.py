@@ -59,7 +59,7 @@ SCHEMA = "qwen36-dispatch/2"
 READABLE_SCHEMAS = ("qwen36-dispatch/1", SCHEMA)  # 1: the same ranges, without `timings`
 TABLE_ENV = "QWEN36_DISPATCH_TABLE"
 DIR_ENV = "QWEN36_DISPATCH_DIR"
-CHECKOUT_TABLE_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "dispatch"
+CHECKOUT_TABLE_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "dispatch"
 # block -> what its ranges count: tokens per call, or sequences per decode step. What each block chooses:
 #   moe_experts       a routed-expert path (model.moe.EXPERT_PATHS), wherever the MoE block runs `composed`
 #   moe_block         the whole MoE block's path (model.moe.MOE_BLOCK_PATHS): `composed` or a fused block
@@ -67,11 +67,12 @@ CHECKOUT_TABLE_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "disp
 #   gdn_decode        a gated-delta-rule path for one token, wherever the GDN decode layer runs `staged`
 #   gdn_layer_decode  the whole GDN layer's decode path (model.gdn.GDN_DECODE_LAYER_PATHS): `staged` or fused
 #   gdn_conv          the staged GDN layer's causal conv1d path (model.gdn.CONV_PATHS), by tokens per sequence
-#   gdn_gated_norm    the staged GDN layer's gated RMSNorm path (model.norm.GATED_NORM_PATHS), by rows: the
+#   gdn_gated_norm    the staged GDN layer's gated RMSNorm path (model.norm.rms_norm.GATED_NORM_PATHS), by rows: the
 #                     tokens of all sequences of the call (B * T)
 #   attention_layer_decode  the whole gated attention layer's decode path over a StaticKVCache
-#                     (model.attention_decode.ATTENTION_DECODE_LAYER_PATHS): `staged` or fused
-#   add_rms_norm      the residual add + RMSNorm between blocks (model.norm.ADD_RMS_NORM_PATHS), by rows (B * T)
+#                     (model.attention.decode_layer.ATTENTION_DECODE_LAYER_PATHS): `staged` or fused
+#   add_rms_norm      the residual add + RMSNorm between blocks (model.norm.rms_norm.ADD_RMS_NORM_PATHS),
+#                     by rows (B * T)
 BLOCKS = {"moe_experts": "tokens", "moe_block": "tokens", "gdn_prefill": "tokens", "gdn_decode": "batch",
           "gdn_layer_decode": "batch", "gdn_conv": "tokens", "gdn_gated_norm": "tokens",
           "attention_layer_decode": "batch", "add_rms_norm": "tokens"}
@@ -234,7 +235,7 @@ def table_path_for(
 
 
 def served_path(paths, block: str, key: int, num_tokens: int, device, dtype, default: str) -> str:
-    """The dispatch table's entry for `block` at `key` where `paths` (a model.paths.PathTable) can run it for
+    """The dispatch table's entry for `block` at `key` where `paths` (a model.dispatch.paths.PathTable) can run it for
     `num_tokens` tokens on the call's device and dtype; else `default` (no device or dtype given, no table, or
     an entry that cannot run the input)."""
     if device is None or dtype is None:

@@ -2,7 +2,7 @@
 whole-layer paths.
 
 At decode the layer moves little data and its cost is kernel launches (eagerly ~20-30 us of host time each): the
-staged layer (model.attention.gated_attention_static) launches ~60 (q/k norms, rope cos/sin, cats, index_copy,
+staged layer (model.attention.layer.gated_attention_static) launches ~60 (q/k norms, rope cos/sin, cats, index_copy,
 masks, repeat_interleave, SDPA, sigmoid ...). A path here computes the whole layer, so it can fuse across them.
 
 Calling convention: `fn(x [B, 1, hidden], w: AttentionWeights, cache: StaticKVCache) -> y [B, 1, hidden]`, y in
@@ -17,7 +17,7 @@ step; no path changes it) and attends over positions 0..cache.length inclusive. 
 - `staged`: gated_attention_static(x, w, cache, core="sdpa", norm="fused"), what the model ran before this table,
   bit for bit;
 - `triton`: three launches: one GEMM for the stacked q/k/v projections (`AttentionWeights.qkv_stacked`), one
-  Triton kernel for the norms, rope, cache write, attention and gate (model.attention_triton_decode, float32 on
+  Triton kernel for the norms, rope, cache write, attention and gate (model.attention.triton_decode_layer, float32 on
   chip), and o_proj. CUDA, or a CPU through Triton's interpreter (TRITON_INTERPRET=1). Its first call builds a
   rope table: make it eagerly, before capturing the step in a CUDA graph.
 """
@@ -26,14 +26,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import triton_support
-from .attention import ATTENTION_CORES, AttentionWeights, StaticKVCache, gated_attention_static
-from .dispatch_scope import scoped
-from .dispatch_table import served_path
-from .norm import RMS_NORM_PATHS
-from .paths import LOW_PRECISION, ComputePath, PathTable, always_float64, same_as_input
+from ..dispatch import triton_support
+from .layer import ATTENTION_CORES, AttentionWeights, StaticKVCache, gated_attention_static
+from ..dispatch.scope import scoped
+from ..dispatch.table import served_path
+from ..norm.rms_norm import RMS_NORM_PATHS
+from ..dispatch.paths import LOW_PRECISION, ComputePath, PathTable, always_float64, same_as_input
 
-attention_triton_decode = triton_support.import_if_triton(".attention_triton_decode", __package__)  # None: no Triton
+attention_triton_decode = triton_support.import_if_triton(".triton_decode_layer", __package__)  # None: no Triton
 
 __all__ = [
     "ATTENTION_DECODE_LAYER_PATHS",

@@ -11,7 +11,7 @@ dynamic path); `StaticKVCache` is preallocated for `max_len` positions, written 
 the device, and read whole under a mask (`gated_attention_static`): no host integer and no shape that changes
 with the length, so one captured CUDA graph serves every length below max_len.
 
-Attention cores (the softmax(q k^T) v part) are registered in `ATTENTION_CORES`, a model.paths.PathTable:
+Attention cores (the softmax(q k^T) v part) are registered in `ATTENTION_CORES`, a model.dispatch.paths.PathTable:
 `fn(q [B, NH, T, D], k [B, NKV, S, D], v [B, NKV, S, D], q_start, scale) -> [B, NH, T, D]` in q's dtype,
 where query i sits at position q_start + i and key j at position j (S = q_start + T).
 `MASKED_ATTENTION_CORES` holds the same cores with the mask given instead of q_start:
@@ -26,10 +26,10 @@ from typing import Mapping
 import torch
 import torch.nn.functional as F
 
-from .norm import RMS_NORM_PATHS, compute_dtype
-from .paths import ComputePath, PathTable
+from ..norm.rms_norm import RMS_NORM_PATHS, compute_dtype
+from ..dispatch.paths import ComputePath, PathTable
 from .rope import apply_partial_rope, rope_cos_sin
-from .rows import moved_keeping_rows, stack_rows, stacked_rows
+from ..rows import moved_keeping_rows, stack_rows, stacked_rows
 
 __all__ = [
     "AttentionDims",
@@ -129,7 +129,7 @@ class AttentionWeights:
     @functools.cached_property
     def qkv_stacked(self) -> torch.Tensor:
         """[q_proj; k_proj; v_proj], [NH*2D + 2*NKV*D, hidden]: the decode layer's one input GEMM
-        (model.attention_decode). Memory: none when the three are consecutive rows of one tensor, as
+        (model.attention.decode_layer). Memory: none when the three are consecutive rows of one tensor, as
         `from_hf_state_dict` and `to` leave them (a view). Otherwise they are concatenated on first use and the
         copy is kept on this object (not seen by later in-place edits of the three): a second copy of the
         projections, (2048 + 2 * 256) * 2048 * 2 bytes = 10.5 MB per attention layer in bf16 at the per-rank

@@ -1,4 +1,4 @@
-"""The two RMSNorms of model.norm as one Triton kernel launch each, for eager decode where launches cost most.
+"""The two RMSNorms of model.norm.rms_norm as one Triton kernel launch each, for eager decode where launches cost most.
 
 `rms_norm_fused` and `gated_rms_norm_fused` are several PyTorch kernels per call (casts, `1 + w`,
 `F.rms_norm`, silu, multiply); eagerly, each launch costs the host tens of microseconds, far more than the
@@ -12,11 +12,11 @@ every input below float64, and storing x's dtype:
 
 The residual add is the decode step's `h = h + y` followed by the next norm of h, in one launch where eagerly
 they are about six kernels; its two outputs are bit for bit torch's `h + y` and `zero_centred_rms_norm` of that
-sum. It goes through a prepared launch (model.triton_launch), which skips the JIT's per-call binding.
+sum. It goes through a prepared launch (model.dispatch.triton_launch), which skips the JIT's per-call binding.
 
 Inputs are read through a row stride, so the model's strided views (q, a chunk of the q/gate projection)
 are not copied; the outputs are new contiguous tensors. No host synchronisation: the launches can be
-captured in a CUDA graph. Callers check shapes (model.norm); this module checks what only it limits.
+captured in a CUDA graph. Callers check shapes (model.norm.rms_norm); this module checks what only it limits.
 """
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import triton_support
-from .triton_launch import LaunchPlan
-from .triton_support import defined_interpreted
+from ..dispatch import triton_support
+from ..dispatch.triton_launch import LaunchPlan
+from ..dispatch.triton_support import defined_interpreted
 
 __all__ = [
     "INTERPRETED",
@@ -201,7 +201,7 @@ def gated_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, z: torch.T
     return out
 
 
-# One launch plan per specialisation of the residual-add kernel (model.triton_launch): the decode step calls it
+# One launch plan per specialisation of the residual-add kernel (model.dispatch.triton_launch): the decode step calls it
 # twice a layer with the same shapes, so the JIT's binding is paid once per key rather than on every call. The key
 # holds everything the kernel specialises on (dtypes, 16-byte alignment of the inputs, every int but num_rows,
 # whether num_rows needs 64 bits) and every device (a direct launch checks none); the plan adds the grid. The

@@ -1,7 +1,7 @@
 """The middle of the gated attention decode layer (T == 1, StaticKVCache) in one Triton kernel: everything between
 the stacked q/k/v GEMM and o_proj.
 
-Eagerly, the staged layer (model.attention.gated_attention_static) is ~60 launches at tens of microseconds of host
+Eagerly, the staged layer (model.attention.layer.gated_attention_static) is ~60 launches at tens of microseconds of host
 time each. Here one launch takes the projection row of each sequence, proj = x @ AttentionWeights.qkv_stacked^T,
 laid out [q | gate per query head (head h: D q, then D gate) | k per kv head | v per kv head], and, on chip:
 
@@ -15,8 +15,8 @@ laid out [q | gate per query head (head h: D q, then D gate) | k per kv head | v
 Everything is float32 on chip; the result is not rounded on the way (the staged path rounds q, k, v, the scores'
 inputs and o to the activation dtype), so it is closer to the float64 reference than the staged path's and not
 bit-equal to it. The rope angles come from a float32 table [max_len, rotary_dim/2] computed in float64 and cast
-(`rope_table`, as model.rope does), never from float32 angles in the kernel: pos * inv_freq in float32 is off by
-up to pos * 2^-24 radians, 1.6e-2 at position 262144. The table is built once per (rotary_dim, theta, max_len,
+(`rope_table`, as model.attention.rope does), never from float32 angles in the kernel: pos * inv_freq in float32 is off
+by up to pos * 2^-24 radians, 1.6e-2 at position 262144. The table is built once per (rotary_dim, theta, max_len,
 device), on the first call: make that call eagerly (a warm-up) before capturing the step in a CUDA graph; a
 first call under capture raises rather than capture the table's construction.
 
@@ -41,10 +41,10 @@ import torch
 import triton
 import triton.language as tl
 
-from . import triton_support
+from ..dispatch import triton_support
 from .rope import rope_cos_sin
-from .triton_launch import PlansByOwner, PreparedLaunch
-from .triton_support import defined_interpreted
+from ..dispatch.triton_launch import PlansByOwner, PreparedLaunch
+from ..dispatch.triton_support import defined_interpreted
 
 __all__ = ["INTERPRETED", "attention_decode_core", "rope_table", "unavailable_reason"]
 
@@ -158,7 +158,7 @@ def unavailable_reason(device: torch.device) -> str | None:
 
 @functools.lru_cache(maxsize=None)
 def rope_table(rotary_dim: int, theta: float, max_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin float32 [max_len, rotary_dim/2] for positions 0..max_len-1: model.rope.rope_cos_sin's values
+    """cos, sin float32 [max_len, rotary_dim/2] for positions 0..max_len-1: model.attention.rope.rope_cos_sin's values
     (computed in float64, cast), the first half of each row (the second repeats it). Built once per key and kept
     for the process. Not under CUDA graph capture: the capture would record the construction, not run it."""
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -179,7 +179,7 @@ def _tile(head_dim: int) -> tuple[int, int, int]:
 
 
 def _check(proj: torch.Tensor, w, cache) -> None:
-    # Once per launch plan (model.triton_launch): what the kernel cannot take, said before it runs.
+    # Once per launch plan (model.dispatch.triton_launch): what the kernel cannot take, said before it runs.
     if proj.dtype not in _LOW_PRECISION:
         raise TypeError(f"the attention decode kernel takes {_LOW_PRECISION}, not {proj.dtype}; use the 'staged' path")
     if proj.is_cuda == INTERPRETED:
@@ -203,7 +203,7 @@ def _check(proj: torch.Tensor, w, cache) -> None:
 
 
 class _Plan:
-    """What one call shape launches with: the prepared launch (model.triton_launch: the JIT's argument binding
+    """What one call shape launches with: the prepared launch (model.dispatch.triton_launch: the JIT's argument binding
     paid on the first call only) and the rope table."""
 
     __slots__ = ("launch", "cos", "sin")
@@ -212,7 +212,7 @@ class _Plan:
         self.launch, self.cos, self.sin = launch, cos, sin
 
 
-# Per weights object: one plan per call shape (model.triton_launch), so an eager decode step pays the JIT's
+# Per weights object: one plan per call shape (model.dispatch.triton_launch), so an eager decode step pays the JIT's
 # argument binding once per shape rather than on every call.
 _PLANS = PlansByOwner()
 
@@ -221,7 +221,7 @@ def attention_decode_core(proj: torch.Tensor, w, cache) -> torch.Tensor:
     """o * sigmoid(gate) [B, NH*D] in proj's dtype from proj [B, NH*2D + 2*NKV*D] (= x @ w.qkv_stacked^T), the
     weights `w` (AttentionWeights) and `cache` (StaticKVCache): writes the token's rotated key and its value at
     position cache.length and attends over positions 0..cache.length. Shapes are the caller's to check
-    (model.attention_decode)."""
+    (model.attention.decode_layer)."""
     k, v, length = cache.k, cache.v, cache.length
     # Everything the kernel specialises on that can change between calls with one weights object (the weights'
     # own layout is fixed; the output is a fresh allocation, always aligned; the rope table is the plan's).

@@ -15,7 +15,7 @@ path, registered in one table each.
 
 Paths: `fn(x, weight, eps[, z]) -> y` in x's dtype (the reference returns float64 for float64 input); the
 residual add's `fn(h, y, weight, eps) -> (h_new, normed)`, both in h's dtype, y of h's shape and dtype.
-`triton` (model.norm_triton) computes each in one kernel launch: CUDA, or a CPU through Triton's interpreter
+`triton` (model.norm.triton_rms_norm) computes each in one kernel launch: CUDA, or a CPU through Triton's interpreter
 (TRITON_INTERPRET=1); float32, bfloat16 and float16 inputs. The residual add's `triton` is bit for bit
 `h + y` and the `triton` RMSNorm of that sum; its `fused` is the unfused step's `h + y` and `rms_norm_fused`.
 """
@@ -24,12 +24,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import triton_support
-from .dispatch_scope import scoped
-from .dispatch_table import served_path
-from .paths import LOW_PRECISION, ComputePath, PathTable, compute_dtype
+from ..dispatch import triton_support
+from ..dispatch.scope import scoped
+from ..dispatch.table import served_path
+from ..dispatch.paths import LOW_PRECISION, ComputePath, PathTable, compute_dtype
 
-norm_triton = triton_support.import_if_triton(".norm_triton", __package__)  # None without Triton
+norm_triton = triton_support.import_if_triton(".triton_rms_norm", __package__)  # None without Triton
 
 __all__ = [
     "NormPath",
@@ -134,7 +134,7 @@ def add_rms_norm_fused(
     return h_new, rms_norm_fused(h_new, weight, eps)
 
 
-# --- one Triton launch each (model.norm_triton) ----------------------------------------------------
+# --- one Triton launch each (model.norm.triton_rms_norm) ----------------------------------------------------
 
 def triton_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
     return triton_support.unavailable_reason(device, None if norm_triton is None else norm_triton.INTERPRETED)
