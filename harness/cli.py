@@ -117,7 +117,7 @@ def _parser() -> argparse.ArgumentParser:
 def _cmd_patches(a) -> int:
     import os
 
-    from patches.registry import apply_patches, format_table, missing_required
+    from patches.core.registry import apply_patches, format_table, missing_required
     from patches.settings import PatchSettings
 
     env = dict(os.environ)

@@ -29,8 +29,8 @@ from model.dispatch.env import env_bool
 from model.moe import MoEConfig
 
 from . import catalog
-from .registry import Patch
-from .step_slowdown import SlowdownError, SlowdownSource
+from .core.registry import Patch
+from .model_paths.step_slowdown import SlowdownError, SlowdownSource
 
 __all__ = ["TABLE_LOGGED_ENV", "PATCH_SET_ENV", "PatchSettings", "PatchSettingsError", "api_patch_switches",
            "table_already_logged", "mark_table_logged", "clear_table_logged"]
@@ -49,7 +49,8 @@ class PatchSettings:
     patches: tuple[Patch, ...]  # the patches these settings were read for (what apply_patches applies)
     switches: Mapping[str, bool]  # patch name -> its switch
     moe: MoEConfig = field(default_factory=MoEConfig)  # the dispatcher's knobs, read by their own config
-    # Not a patch: the perf gates' test-only slowdown (patches/step_slowdown.py); off unless its variables are set.
+    # Not a patch: the perf gates' test-only slowdown (patches/model_paths/step_slowdown.py); off unless its variables
+    # are set.
     step_slowdown: SlowdownSource = field(default_factory=SlowdownSource)
 
     def is_on(self, name: str) -> bool:

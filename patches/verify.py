@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from .registry import apply_patches, format_table, missing_required, vllm_version
+from .core.registry import apply_patches, format_table, missing_required, vllm_version
 from .settings import PatchSettings
 
 ENTRY_POINT = ("vllm.general_plugins", "qwen36_patches", "patches.plugin:register")

@@ -36,11 +36,11 @@ def _sources_copy(dest: Path) -> Path:
 
 @pytest.mark.parametrize(("module", "wrong_import", "broken"), [
     ("model/norm/rms_norm.py", "import harness.errors", "tests above harness above patches above model"),
-    ("patches/registry.py", "import harness.paths", "tests above harness above patches above model"),
+    ("patches/core/registry.py", "import harness.paths", "tests above harness above patches above model"),
     ("harness/serving/launcher.py", "import harness.gates.servers", "harness: entry points"),
     ("harness/machine/speed.py", "import harness.serving.placement", "harness: entry points"),
     ("harness/bench/metrics.py", "import harness.gates.paired", "harness: entry points"),
-    ("patches/registry.py", "from . import seams", "patches: plugin and verify"),
+    ("patches/core/registry.py", "from . import seams", "patches.core: the seam helpers above the patch table"),
     ("harness/gates/decision.py", "import harness.gates.paired", "no package contains an import circle"),
     ("harness/bench/metrics.py", "import harness.serving.placement", None),  # allowed: bench builds on serving
 ])

@@ -2,7 +2,7 @@
 
 A block is one repeat of one workload point (its own warm-up requests first) on one arm, with every other
 server idle. An arm is a server, possibly with its test-only step slowdown set for its blocks
-(patches/step_slowdown.py), so one server can be two arms: the twin as itself (the A/A control) and slowed
+(patches/model_paths/step_slowdown.py), so one server can be two arms: the twin as itself (the A/A control) and slowed
 (an injected regression). A round runs every point on every arm; even rounds take the arms in order, odd rounds
 in reverse, so a drift that is linear over a round moves both sides of every pair alike and cancels in the mean
 of the pair ratios. Short blocks cancel more of it: on the 2-core CI kind, a machine whose speed moves by tens of

@@ -4,8 +4,8 @@ its parallel run (harness.suite_session) and the tests find them up.
 Every timing verdict in CI is paired: a server measured against the session's own, interleaved block by block
 on the same machine (harness.gates.interleave, harness.gates.paired), so the machine's kind and its drift cancel.
 - `twin`: the session's server started a second time, same commit, same arguments, same environment. Side B of
-  the A/A control; and, with its test-only step slowdown (patches/step_slowdown.py) switched on for the blocks
-  that measure it, the slower decode and the slower prefill. One start serves all three.
+  the A/A control; and, with its test-only step slowdown (patches/model_paths/step_slowdown.py) switched on for the
+  blocks that measure it, the slower decode and the slower prefill. One start serves all three.
 - `no-cache`: prefix caching off (and eager, which a count of cached tokens cannot see): the cache hit rate
   regression, and the MoE substitution test's "off" side. Started with an API key: the suites' --api-key is
   tested against it.
@@ -157,8 +157,8 @@ def wait_for_memory(name: str, need_gib: float = 2 * SERVER_GIB, timeout_s: floa
 
 
 def set_step_slowdown(server: ServerInfo, text: str) -> None:
-    """Switch `server`'s test-only step slowdown (patches/step_slowdown.py: `decode=0.2`, `prefill=0.3`, `0.15`;
-    empty: none) by replacing its file, which its engine reads before each step."""
+    """Switch `server`'s test-only step slowdown (patches/model_paths/step_slowdown.py: `decode=0.2`, `prefill=0.3`,
+    `0.15`; empty: none) by replacing its file, which its engine reads before each step."""
     if not server.slowdown_file:
         raise ValueError(f"{server.base_url} has no step slowdown file: only a session's embedded servers do")
     path = Path(server.slowdown_file)

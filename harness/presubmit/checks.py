@@ -16,7 +16,7 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 from model.dispatch.env import TRUE_VALUES, EnvValueError, parse_bool
-from patches.step_slowdown import SLOWDOWN_ENV, SLOWDOWN_FILE_ENV
+from patches.model_paths.step_slowdown import SLOWDOWN_ENV, SLOWDOWN_FILE_ENV
 
 from . import names
 from .dockerfile import Dockerfile, parse_dockerfile
@@ -332,7 +332,7 @@ def check_profiling_off(ctx: Context) -> tuple[bool, str]:
             except EnvValueError as exc:
                 problems.append(f"{where}: {exc}")
     for where, mapping in ((RUN_CONFIG_NAME, env), ("Dockerfile ENV", ctx.dockerfile.envs)):
-        for key in TEST_ONLY_SLOWDOWN:  # patches/step_slowdown.py: makes every engine step slower on purpose
+        for key in TEST_ONLY_SLOWDOWN:  # patches/model_paths/step_slowdown.py: every engine step slower on purpose
             if key in mapping:
                 problems.append(f"{where} sets {key}, the perf gates' test-only step slowdown: remove it")
     for pkg in ("model", "patches", "harness"):

@@ -45,21 +45,21 @@ SESSION_KV_GIB = 1
 
 
 def slowdown_file(state_dir: Path, name: str) -> Path:
-    """The file a server's test-only step slowdown is read from (patches/step_slowdown.py)."""
+    """The file a server's test-only step slowdown is read from (patches/model_paths/step_slowdown.py)."""
     return Path(state_dir) / f"{name}.slowdown"
 
 
 def embedded_env(state_dir: Path, name: str) -> dict[str, str]:
     """What every embedded server of a session gets, the session's own included, so that the twin differs from it
     in nothing: its step slowdown file (absent: no slowdown)."""
-    from patches.step_slowdown import SLOWDOWN_FILE_ENV
+    from patches.model_paths.step_slowdown import SLOWDOWN_FILE_ENV
 
     return {SLOWDOWN_FILE_ENV: str(slowdown_file(state_dir, name))}
 
 
 def info_of(server: ManagedServer, model_dir: str) -> ServerInfo:
     """What other processes need to know of a started embedded server."""
-    from patches.step_slowdown import SLOWDOWN_FILE_ENV
+    from patches.model_paths.step_slowdown import SLOWDOWN_FILE_ENV
 
     return ServerInfo(server.base_url, server.cfg.served_model_name, server.proc.pid, str(server.log_path),
                       server.command_line, model_dir, server.client_cpus, api_key=server.cfg.api_key,

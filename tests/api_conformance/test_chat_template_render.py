@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from patches.request_compat import ToolCallArgumentsError, parse_tool_call_arguments
+from patches.api.request_compat import ToolCallArgumentsError, parse_tool_call_arguments
 from tests.api_conformance.message_corpus import (
     MessageCase,
     refused_cases,

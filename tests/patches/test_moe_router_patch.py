@@ -25,8 +25,8 @@ from vllm.model_executor.layers.fused_moe.router.cpu_router import CPURouter  # 
 from vllm.model_executor.layers.fused_moe.router.fused_topk_router import FusedTopKRouter  # noqa: E402
 
 from model.moe import ROUTERS, RouterPath, route_topk_softmax  # noqa: E402
-from patches import moe_router  # noqa: E402
-from patches.registry import PatchState, apply_patches, format_table  # noqa: E402
+from patches.model_paths import moe_router  # noqa: E402
+from patches.core.registry import PatchState, apply_patches, format_table  # noqa: E402
 from patches.settings import PatchSettings  # noqa: E402
 
 ON = PatchSettings.from_env({moe_router.SWITCH: "1"})
@@ -263,7 +263,7 @@ def test_a_router_vllm_builds_in_a_traced_forward_keeps_vllms_routing(installed,
 def test_a_changed_router_attribute_keeps_vllms_routing(qwen):
     seam = dataclasses.replace(moe_router.CPU_ROUTER, routing=(*moe_router.CPU_ROUTER.routing, ("renamed_knob", None)))
     assert moe_router._ineligible_reason(CPURouter(top_k=K, global_num_experts=E), seam) == (
-        "CPURouter has no attribute renamed_knob (vLLM changed; update patches/moe_router.py)")
+        "CPURouter has no attribute renamed_knob (vLLM changed; update patches/model_paths/moe_router.py)")
 
 
 # --- the switch, the status row, the probe, uninstall ---

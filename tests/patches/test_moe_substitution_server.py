@@ -34,8 +34,8 @@ import httpx
 import pytest
 
 from harness.gates.servers import MOE_ON, MOE_SWITCH, NO_CACHE, ROUTER_SWITCH, by_name, exclusive
-from patches import moe_experts, moe_router
-from patches.registry import PatchState, PatchStatus, format_table
+from patches.model_paths import moe_experts, moe_router
+from patches.core.registry import PatchState, PatchStatus, format_table
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -103,7 +103,7 @@ def test_compare_flags_a_changed_token_and_a_logprob_beyond_tolerance():
 
 
 def moe_state_in_log(log: str) -> str | None:
-    """The moe_experts row's state in the plugin's status table (patches.registry.format_table) in a server's
+    """The moe_experts row's state in the plugin's status table (patches.core.registry.format_table) in a server's
     log; None if the log has no such row. The table pads names to the longest patch's, so match any spacing."""
     states = "|".join(re.escape(s.value) for s in PatchState)
     m = re.search(rf"\bmoe_experts\s+({states})\s", log)

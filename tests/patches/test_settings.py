@@ -14,12 +14,12 @@ import pytest
 pytest.importorskip("torch", reason="the patch catalog imports the MoE patch, which needs torch")
 
 from patches import catalog  # noqa: E402
-from patches.registry import PatchState, apply_patches, format_table  # noqa: E402
+from patches.core.registry import PatchState, apply_patches, format_table  # noqa: E402
 from patches.settings import PATCH_SET_ENV, PatchSettings, PatchSettingsError, api_patch_switches  # noqa: E402
 
 THROWAWAY = '''
 """A throwaway API patch: Greeter.greet answers in capitals."""
-from patches import seams
+from patches.core import seams
 
 
 class Greeter:

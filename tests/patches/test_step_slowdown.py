@@ -1,5 +1,5 @@
-"""The test-only step slowdown (patches/step_slowdown.py): its text, its effect on an engine's step time by kind of
-step, a file that changes while the server runs, and that the platform's patch set never turns it on."""
+"""The test-only step slowdown (patches/model_paths/step_slowdown.py): its text, its effect on an engine's step time by
+kind of step, a file that changes while the server runs, and that the platform's patch set never turns it on."""
 from __future__ import annotations
 
 import os
@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from patches import step_slowdown
+from patches.model_paths import step_slowdown
 from patches.settings import PatchSettings, PatchSettingsError
-from patches.step_slowdown import Slowdown, SlowdownSource, parse_slowdown
+from patches.model_paths.step_slowdown import Slowdown, SlowdownSource, parse_slowdown
 
 # The fake step's own time, on the fake clock below.
 STEP_S = 0.02

@@ -11,8 +11,8 @@ missed on 2026-12-05 (Output TPS P10 -24.6%, p 0.0079 against 0.0071) on a run w
 from __future__ import annotations
 
 DECODE_POINT, PREFILL_POINT = "decode-micro@c2", "official-like@c1"
-# The injected regressions, as step slowdowns of the twin (patches/step_slowdown.py: a step takes 1 + f times
-# as long).
+# The injected regressions, as step slowdowns of the twin (patches/model_paths/step_slowdown.py: a step takes 1 + f
+# times as long).
 DECODE_SLOWDOWN = 1.0
 PREFILL_SLOWDOWN = 1.0
 # What each must-flag test requires flagged: the metrics its slowdown moves.
@@ -34,5 +34,5 @@ def slowdown_of(point: str) -> float:
 
 
 def slowed(point: str) -> str:
-    """The twin's slowdown text (patches/step_slowdown.py) for its blocks at `point`."""
+    """The twin's slowdown text (patches/model_paths/step_slowdown.py) for its blocks at `point`."""
     return f"decode={DECODE_SLOWDOWN}" if point.startswith("decode") else f"prefill={PREFILL_SLOWDOWN}"

@@ -18,8 +18,8 @@ may go red on identical servers in up to 5% of runs (its alpha), and two such ga
 which is what the confirmation starts from; the calibration's runs show every first-look catch at the sizes used
 here holding when pooled with a second run (docs/perf-gates.md).
 
-The slowdowns are the servers' own (patches/step_slowdown.py, switched per block in the twin's worker), so one
-twin is two arms. The tolerances and the pairs measured are fixtures/gates/paired.yaml's, the tolerances sized from
+The slowdowns are the servers' own (patches/model_paths/step_slowdown.py, switched per block in the twin's worker), so
+one twin is two arms. The tolerances and the pairs measured are fixtures/gates/paired.yaml's, the tolerances sized from
 A/A controls on the CI kinds of machine; the slowdowns are sized so that the gate catches them at the widest spread
 CI has met (ci_design.py says from what; tests/unit/test_gate_paired.py checks it). docs/perf-gates.md has what the
 gate resolves at smaller sizes. Prefix caching off is test_gate_no_cache.py (a count, in the parallel run).

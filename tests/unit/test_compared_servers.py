@@ -10,7 +10,7 @@ from harness.gates.servers import (MOE_ON, MOE_SWITCH, NO_CACHE, TWIN, by_name, 
                                    session_api_key, set_step_slowdown)
 from harness.serving.launcher import embedded_server
 from harness.serving.shared_server import SESSION, SESSION_KV_GIB, ServerInfo, embedded_env, slowdown_file
-from patches.step_slowdown import SLOWDOWN_FILE_ENV
+from patches.model_paths.step_slowdown import SLOWDOWN_FILE_ENV
 
 
 def test_a_compared_servers_env_reaches_its_server_and_an_override_adds_to_it(tmp_path):

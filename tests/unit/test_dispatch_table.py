@@ -17,7 +17,7 @@ from model.gdn import (CONV_PATHS, GDN_RULE_PATHS, GDNState, gdn_layer, select_c
                        select_rule_path)
 from model.norm.rms_norm import GATED_NORM_PATHS
 from model.moe import EXPERT_PATHS, MoEConfig, dispatch_experts, select_expert_path
-from patches import moe_experts
+from patches.model_paths import moe_experts
 from tests.numerics.gdn_attention_cases import TINY_GDN, generator, random_gdn_weights, randn
 from tests.numerics.moe_cases import MoECase, make_hidden, make_moe_weights, make_routing
 

@@ -23,7 +23,7 @@ import functools
 import inspect
 from typing import Any
 
-from . import seams
+from ..core import seams
 
 __all__ = ["PATCH", "forced_tool_choice"]
 

@@ -52,9 +52,9 @@ import torch
 
 from model.moe import ROUTERS
 
-from . import seams
+from ..core import seams
 from .moe_experts import ARCHITECTURES
-from .registry import Patch
+from ..core.registry import Patch
 
 __all__ = ["PATCH", "SWITCH", "FAST_PATH", "FALLBACK_PATH", "ROUTED_LOG", "probe", "install", "uninstall",
            "substituted_layer_count", "routed_call_count"]
@@ -200,7 +200,7 @@ def _ineligible_reason(router, seam: RouterSeam) -> str | None:
     for attr, wanted in seam.routing:
         value = getattr(router, attr, _MISSING)
         if value is _MISSING:
-            return f"{seam.name} has no attribute {attr} (vLLM changed; update patches/moe_router.py)"
+            return f"{seam.name} has no attribute {attr} (vLLM changed; update patches/model_paths/moe_router.py)"
         if (value is not None) if wanted is None else (value != wanted):
             shown = "a tensor" if isinstance(value, torch.Tensor) else repr(value)
             return f"{attr}={shown} (model.moe routes with {attr}={wanted!r})"

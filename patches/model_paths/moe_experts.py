@@ -26,7 +26,7 @@ import torch
 from model.moe import MoEConfig, select_expert_path
 from model.moe.config import TINY_MAX_LIMIT
 
-from .registry import Patch
+from ..core.registry import Patch
 
 __all__ = ["PATCH", "SWITCH", "ARCHITECTURES", "dispatch_rule", "uninstall", "substituted_layer_count"]
 

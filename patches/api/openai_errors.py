@@ -6,7 +6,7 @@ vLLM 0.32 names the error type after the HTTP phrase or its exception class ("Ba
 4xx (404 for an unknown model included), `server_error` for 5xx, and `param` is the request field
 ("messages") or null when no field is at fault. Clients that branch on `error.type` or show `error.param`
 (the platform's basic tests do) need that shape. Message and the HTTP status stay vLLM's; `error.code` is
-patches/openai_error_codes.py's.
+patches/api/openai_error_codes.py's.
 
 Seam (vLLM 0.32): `ErrorInfo` (entrypoints/serve/engine/protocol.py), the one model every error path builds
 (create_error_response, the validation and HTTP exception handlers, streaming errors): a `mode="before"`
@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from . import seams
+from ..core import seams
 
 __all__ = ["PATCH", "openai_error_fields"]
 

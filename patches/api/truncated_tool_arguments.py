@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 
-from . import seams
+from ..core import seams
 
 __all__ = ["PATCH", "truncated_arguments"]
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from . import seams
+from ..core import seams
 
 __all__ = ["PATCH", "openai_error_code"]
 

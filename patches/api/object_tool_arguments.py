@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import seams
+from ..core import seams
 
 __all__ = ["PATCH", "stringify_object_arguments"]
 
