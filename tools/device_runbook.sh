@@ -1,5 +1,5 @@
 #!/bin/bash
-# device runbook for issue 28, fifth round. usage: bash .devrun/run.sh STAGE...
+# device runbook for issue 28, fifth round (reports/decode-step-h200-2026-12-05.md). usage: bash tools/device_runbook.sh STAGE...
 set -u -o pipefail
 R=/tmp/res; mkdir -p $R
 export PYTHONUNBUFFERED=1
@@ -32,14 +32,14 @@ for stage in "$@"; do
     launches)
       timeout 200 python3 tools/step_launch_count.py --device cuda --layers 40 --batches 1,8 --out $R/launches 2>&1 | tail -30 ;;
     selectors)
-      timeout 120 python3 .devrun/selector_cost.py cuda 2>&1 | tee $R/selectors.txt ;;
+      timeout 120 python3 tools/selector_cost.py cuda 2>&1 | tee $R/selectors.txt ;;
     hostprof)
       for b in ${HB:-1 8}; do
         timeout 120 python3 tools/step_host_profile.py --batch $b --out $R/host-served 2>&1 | head -14
         timeout 120 python3 tools/step_host_profile.py --batch $b --paths attention_decode_layer=staged,add_norm=fused --out $R/host-old 2>&1 | head -10
       done ;;
     steperror)
-      timeout ${TE:-240} python3 .devrun/step_error.py real $R/step-error.json 2>&1 | tail -50 ;;
+      timeout ${TE:-240} python3 tools/step_error.py real $R/step-error.json 2>&1 | tail -50 ;;
     addrun)
       timeout 200 python3 -m harness.tune --check --add-run --no-progress --report-dir $R/check-addrun 2>&1 | tail -20
       mkdir -p $R/table-addrun && cp fixtures/dispatch/nvidia-h200.json $R/table-addrun/ ;;
