@@ -42,6 +42,13 @@ def _sources_copy(dest: Path) -> Path:
     ("harness/bench/metrics.py", "import harness.gates.paired", "harness: entry points"),
     ("patches/core/registry.py", "from . import seams", "patches.core: the seam helpers above the patch table"),
     ("harness/gates/decision.py", "import harness.gates.paired", "no package contains an import circle"),
+    ("harness/tune/measure/point.py", "import harness.tune.table.record", "tune: the command line"),
+    ("harness/tune/step/graph.py", "import harness.tune.check.rule", "tune: the command line"),
+    ("model/dispatch/paths.py", "import model.norm.rms_norm", "model: the whole model"),
+    ("model/gdn/rule.py", "import model.moe.config", "model: the whole model"),
+    ("patches/api/openai_errors.py", "from . import openai_error_codes", "patches.api: every API patch stands alone"),
+    ("patches/core/seams.py", "import patches.settings", "patches: the plugin and verify"),
+    ("patches/model_paths/moe_experts.py", "from . import moe_router", "patches.model_paths: the router substitution"),
     ("harness/bench/metrics.py", "import harness.serving.placement", None),  # allowed: bench builds on serving
 ])
 def test_a_wrong_way_import_breaks_its_contract(tmp_path, module, wrong_import, broken):
@@ -54,3 +61,17 @@ def test_a_wrong_way_import_breaks_its_contract(tmp_path, module, wrong_import, 
         return
     assert result.returncode == 1, f"{wrong_import} in {module} broke no contract:\n{result.stdout}"
     assert f"{broken}" in result.stdout and "BROKEN" in result.stdout, result.stdout
+
+
+MOST_MODULES = 15  # a room a newcomer can scan; docs/design.md's layout rule
+
+
+def test_no_package_holds_more_than_fifteen_modules():
+    crowded = {}
+    for package in ("harness", "patches", "model"):
+        for folder in [REPO_ROOT / package, *(REPO_ROOT / package).rglob("*")]:
+            if folder.is_dir() and (folder / "__init__.py").is_file():
+                modules = sorted(p.name for p in folder.glob("*.py"))
+                if len(modules) > MOST_MODULES:
+                    crowded[str(folder.relative_to(REPO_ROOT))] = len(modules)
+    assert not crowded, f"split these by concern (docs/design.md, layout): {crowded}"
