@@ -10,8 +10,10 @@ Which table a dispatcher uses, per device it runs on:
 | QWEN36_DISPATCH_DIR    | a directory            | where device tables live (default: the checkout's              |
 |                        |                        | fixtures/dispatch, beside the `model` package)                  |
 A device name becomes a file name by lower-casing it and joining its words with '-' ("NVIDIA H200" ->
-nvidia-h200.json). With no table for the device, or none on a CPU unless named explicitly, the dispatchers
-keep their knob-driven choice, so CPU behaviour is unchanged. A table applies only to inputs of the dtype it
+nvidia-h200.json). Where an NVIDIA GPU's table has no row for a block (or the GPU has no table), the NVIDIA
+defaults serve (model/dispatch/nvidia_defaults.py: the paths fast and capturable there). With no table for
+another device, or none on a CPU unless named explicitly, the dispatchers keep their knob-driven choice, so CPU
+behaviour is unchanged. A table applies only to inputs of the dtype it
 was measured in, and an entry naming a path that cannot run the input falls back to the knobs too.
 
 File format (schema "qwen36-dispatch/2"; "qwen36-dispatch/1" files, written before 2026-12-04, read the same):
@@ -34,6 +36,8 @@ from typing import Callable, Mapping
 
 import torch
 
+from .nvidia_defaults import NVIDIA_DEFAULT_BLOCKS, NVIDIA_DEFAULT_DTYPE, NVIDIA_PREFIX
+
 __all__ = [
     "BLOCKS",
     "DIR_ENV",
@@ -42,6 +46,7 @@ __all__ = [
     "CHECKOUT_TABLE_DIR",
     "DispatchTable",
     "DispatchTableError",
+    "NVIDIA_DEFAULTS",
     "READABLE_SCHEMAS",
     "TableChoice",
     "TokenRange",
@@ -174,10 +179,23 @@ def _load(path: Path) -> DispatchTable:
     return _load_cached(str(path), path.stat().st_mtime_ns)
 
 
+NVIDIA_DEFAULTS = parse_dispatch_table(
+    {"schema": SCHEMA, "device": "NVIDIA GPUs", "dtype": NVIDIA_DEFAULT_DTYPE,
+     "blocks": {block: {"ranges": [{"from": lo, "to": hi, "path": path} for lo, hi, path in spans]}
+                for block, spans in NVIDIA_DEFAULT_BLOCKS.items()}},
+    "model/dispatch/nvidia_defaults.py")
+_DEFAULTS_NOTE = "the NVIDIA defaults (model/dispatch/nvidia_defaults.py) serve"
+
+
 @dataclass(frozen=True)
 class TableChoice:
     table: DispatchTable | None
     detail: str  # the table used, or why none is: for the plugin's status row and logs
+    fallback: DispatchTable | None = None  # what serves where `table` has no row (NVIDIA GPUs: their defaults)
+
+
+def _is_nvidia(device_name: str | None) -> bool:
+    return device_name is not None and device_name.startswith(NVIDIA_PREFIX)
 
 
 def choose_table(device_name: str | None, environ: Mapping[str, str] | None = None) -> TableChoice:
@@ -191,18 +209,23 @@ def choose_table(device_name: str | None, environ: Mapping[str, str] | None = No
         if not path.is_file():
             raise DispatchTableError(f"{TABLE_ENV}={setting!r} is not a file: give a table written by "
                                      "`qwen36 tune`, or `off`, or unset it for the device's own table")
-        return TableChoice(_load(path), f"{path} (from {TABLE_ENV})")
+        fallback = NVIDIA_DEFAULTS if _is_nvidia(device_name) else None
+        return TableChoice(_load(path), f"{path} (from {TABLE_ENV})" + (f"; elsewhere {_DEFAULTS_NOTE}" if fallback
+                                                                       else ""), fallback)
     if device_name is None:
         return TableChoice(None, f"no device table on a CPU (set {TABLE_ENV} to use one): the knobs decide")
     directory = Path(env.get(DIR_ENV) or CHECKOUT_TABLE_DIR)
     path = directory / table_file_name(device_name)
+    nvidia = _is_nvidia(device_name)
+    fallback, serving = (NVIDIA_DEFAULTS, _DEFAULTS_NOTE) if nvidia else (None, "the knobs decide")
     if path.is_file():
-        return TableChoice(_load(path), str(path))
+        return TableChoice(_load(path), str(path) + (f"; where it has no row {_DEFAULTS_NOTE}" if nvidia else ""),
+                           fallback)
     if not directory.is_dir():
         return TableChoice(None, f"no table for {device_name}: {directory} does not exist (installed without the "
-                                 f"checkout's fixtures/dispatch? set {DIR_ENV} or {TABLE_ENV}): the knobs decide")
+                                 f"checkout's fixtures/dispatch? set {DIR_ENV} or {TABLE_ENV}): {serving}", fallback)
     return TableChoice(None, f"no table for {device_name} ({path} is missing; record one with `qwen36 tune`): "
-                             "the knobs decide")
+                             f"{serving}", fallback)
 
 
 @functools.lru_cache(maxsize=None)
@@ -226,12 +249,14 @@ def table_choice_for(device: torch.device | str) -> TableChoice:
 def table_path_for(
     block: str, n: int, device: torch.device | str, dtype: torch.dtype, can_run: Callable[[str], bool]
 ) -> str | None:
-    """The table's path for `n` on this device, if there is one and `can_run(path)`; else None (use the knobs)."""
-    table = table_choice_for(device).table
-    if table is None:
-        return None
-    name = table.path_for(block, n, dtype)
-    return name if name is not None and can_run(name) else None
+    """The path for `n` on this device: the table's row where it has one that `can_run`, else the device's
+    fallback (an NVIDIA GPU's defaults) where that has one; else None (use the knobs)."""
+    choice = table_choice_for(device)
+    for table in (choice.table, choice.fallback):
+        name = None if table is None else table.path_for(block, n, dtype)
+        if name is not None and can_run(name):
+            return name
+    return None
 
 
 def served_path(paths, block: str, key: int, num_tokens: int, device, dtype, default: str) -> str:

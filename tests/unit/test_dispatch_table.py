@@ -9,14 +9,17 @@ from unittest.mock import patch
 import pytest
 import torch
 
+from model.attention.decode_layer import ATTENTION_DECODE_LAYER_PATHS
+from model.dispatch import table as table_module
+from model.dispatch.nvidia_defaults import NVIDIA_DEFAULT_BLOCKS
 from model.dispatch.table import (
-    CHECKOUT_TABLE_DIR, DIR_ENV, SCHEMA, TABLE_ENV, DispatchTableError, choose_table, clear_table_cache,
-    load_dispatch_table, table_file_name,
+    CHECKOUT_TABLE_DIR, DIR_ENV, NVIDIA_DEFAULTS, SCHEMA, TABLE_ENV, DispatchTableError, choose_table,
+    clear_table_cache, load_dispatch_table, table_file_name, table_path_for,
 )
-from model.gdn import (CONV_PATHS, GDN_RULE_PATHS, GDNState, gdn_layer, select_conv_path, select_gated_norm_path,
-                       select_rule_path)
-from model.norm.rms_norm import GATED_NORM_PATHS
-from model.moe import EXPERT_PATHS, MoEConfig, dispatch_experts, select_expert_path
+from model.gdn import (CONV_PATHS, GDN_DECODE_LAYER_PATHS, GDN_RULE_PATHS, GDNState, gdn_layer, select_conv_path,
+                       select_gated_norm_path, select_rule_path)
+from model.norm.rms_norm import ADD_RMS_NORM_PATHS, GATED_NORM_PATHS
+from model.moe import EXPERT_PATHS, MOE_BLOCK_PATHS, MoEConfig, dispatch_experts, select_expert_path
 from patches.model_paths import moe_experts
 from tests.numerics.gdn_attention_cases import TINY_GDN, generator, random_gdn_weights, randn
 from tests.numerics.moe_cases import MoECase, make_hidden, make_moe_weights, make_routing
@@ -124,6 +127,66 @@ def test_which_table_a_device_gets(tmp_path):
     assert off.table is None and "off" in off.detail
     forced = choose_table(None, {TABLE_ENV: str(tmp_path / "nvidia-h200.json")})
     assert forced.table is not None and TABLE_ENV in forced.detail
+
+
+BLOCK_PATHS = {"moe_experts": EXPERT_PATHS, "moe_block": MOE_BLOCK_PATHS, "gdn_prefill": GDN_RULE_PATHS,
+               "gdn_decode": GDN_RULE_PATHS, "gdn_layer_decode": GDN_DECODE_LAYER_PATHS, "gdn_conv": CONV_PATHS,
+               "gdn_gated_norm": GATED_NORM_PATHS, "attention_layer_decode": ATTENTION_DECODE_LAYER_PATHS,
+               "add_rms_norm": ADD_RMS_NORM_PATHS}
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def test_an_nvidia_gpu_gets_the_nvidia_defaults_where_its_table_has_no_row(tmp_path):
+    missing = choose_table(H100, {DIR_ENV: str(tmp_path)})
+    assert missing.table is None and missing.fallback is NVIDIA_DEFAULTS
+    assert "NVIDIA defaults" in missing.detail and "record one with `qwen36 tune`" in missing.detail
+    (tmp_path / "nvidia-h200.json").write_text(json.dumps(table_json(MOE_TABLE, "bfloat16", "NVIDIA H200")))
+    own = choose_table("NVIDIA H200", {DIR_ENV: str(tmp_path)})
+    assert own.table is not None and own.fallback is NVIDIA_DEFAULTS and "NVIDIA defaults" in own.detail
+    platform = choose_table("Iluvatar BI-V100", {DIR_ENV: str(tmp_path)})
+    assert platform.fallback is None and "knobs decide" in platform.detail, "only NVIDIA GPUs: the BI-V100's knobs"
+    off = choose_table(H100, {DIR_ENV: str(tmp_path), TABLE_ENV: "off"})
+    assert off.table is None and off.fallback is None, "off means the knobs, defaults included"
+    assert choose_table(None, {DIR_ENV: str(tmp_path)}).fallback is None, "a CPU never"
+
+
+def _on_an_h100(monkeypatch, table_dir):
+    monkeypatch.setenv(DIR_ENV, str(table_dir))
+    monkeypatch.setattr(table_module, "_cuda_device_name", lambda index: H100)
+    clear_table_cache()
+
+
+def test_the_dispatchers_of_an_nvidia_gpu_without_a_table_serve_the_defaults(tmp_path, monkeypatch):
+    _on_an_h100(monkeypatch, tmp_path)
+    for block, spans in NVIDIA_DEFAULT_BLOCKS.items():
+        for low, high, path in spans:
+            for n in (low, high or 4 * low):
+                assert table_path_for(block, n, "cuda:0", torch.bfloat16, lambda name: True) == path, (block, n)
+    assert table_path_for("moe_experts", 1, "cuda:0", torch.float32, lambda name: True) is None, "bf16 only"
+    assert table_path_for("gdn_prefill", 64, "cuda:0", torch.bfloat16, lambda name: name != "fla_chunk") is None, \
+        "a default that cannot run (no fla-core) leaves the knobs to decide"
+
+
+def test_a_row_of_the_gpus_own_table_wins_and_a_block_it_lacks_takes_the_default(tmp_path, monkeypatch):
+    (tmp_path / table_file_name(H100)).write_text(json.dumps(table_json(
+        {"moe_experts": ranges((1, None, "tiny_bmm"))}, "bfloat16", H100)))
+    _on_an_h100(monkeypatch, tmp_path)
+    assert table_path_for("moe_experts", 1, "cuda:0", torch.bfloat16, lambda name: True) == "tiny_bmm"
+    assert table_path_for("gdn_layer_decode", 8, "cuda:0", torch.bfloat16, lambda name: True) == "triton"
+    assert table_path_for("moe_experts", 1, "cuda:0", torch.bfloat16, lambda name: name != "tiny_bmm") == \
+        "triton_decode", "a row that cannot run the input gives way to the default"
+
+
+def test_the_nvidia_defaults_are_registered_paths_and_the_recorded_nvidia_tables_choices():
+    tables = [load_dispatch_table(p) for p in sorted(CHECKOUT_TABLE_DIR.glob("nvidia-*.json"))]
+    assert tables, "the defaults come from the NVIDIA tables in fixtures/dispatch"
+    for block, spans in NVIDIA_DEFAULT_BLOCKS.items():
+        assert set(BLOCK_PATHS[block]) >= {path for _, _, path in spans}, f"{block}: a default is not registered"
+        for low, high, path in spans:
+            for n in sorted({low, high or low, *(2**p for p in range(15) if low <= 2**p <= (high or 2**14))}):
+                recorded = {t.path_for(block, n, None) for t in tables} - {None}
+                if len(recorded) == 1:  # where the NVIDIA tables agree, the default is their choice
+                    assert recorded == {path}, f"{block} at {n}: the tables serve {recorded}, the default {path}"
 
 
 def test_a_table_setting_naming_no_file_is_an_error():

@@ -217,6 +217,7 @@ def write_step_report(directory: Path, meta: dict, rows) -> tuple[Path, Path]:
           f"{cfg['num_experts_per_tok']} (intermediate {cfg['moe_intermediate_size']} per rank), random weights "
           f"({_size(size)}, built in {meta.get('weights', {}).get('built_s', '-')} s)",
           f"- prefill {meta['prefill']} tokens per sequence, then the decode step at position {meta['prefill'] + 1}",
+          f"- dispatch table: {meta.get('dispatch', '-')}",
           f"- timing: {meta['timing']}", f"- ceilings: {meta['ceilings']}", "",
           "## Decode step", ""]
     body = []

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from model.attention.decode_layer import served_attention_decode_layer
-from model.dispatch.table import table_file_name
+from model.dispatch.table import table_choice_for, table_file_name
 from model.gdn import select_conv_path, select_gated_norm_path, select_rule_path, served_decode_layer
 from model.moe import ROUTERS, select_block_path, select_expert_path
 from model.norm.rms_norm import ADD_RMS_NORM_PATHS, GATED_NORM_PATHS, RMS_NORM_PATHS, compute_dtype
@@ -324,6 +324,8 @@ def run_step(a) -> int:
         "command": shlex.join(getattr(a, "invocation", None) or ["qwen36", *sys.argv[1:]]),
         "dtype": str(dtype).removeprefix("torch."), "model": model_name, "tp": a.tp,
         "router": paths.router, "norm": paths.norm or "served",
+        # which table the served paths come from, or why none does (then: the command that records one)
+        "dispatch": table_choice_for(device).detail,
         "dims": f"{model_name}-tp{a.tp}", "rank_config": {k: v for k, v in vars(cfg).items()},
         "prefill": prefill, "batches": list(batches), "reps": a.reps, "warmup": a.warmup,
         "ceilings": {"hbm_bytes_per_s": ceilings.hbm_bytes_per_s, "source": ceilings.source},
@@ -335,6 +337,7 @@ def run_step(a) -> int:
         "graph_timing": ("CUDA graph replay of the static-cache step, timed as the eager step is" if graphs else
                          "off (--no-graph)" if device.type == "cuda" else "n/a (CUDA only)"),
     }
+    print(f"qwen36 tune step: dispatch table: {meta['dispatch']}")
     rows: list[StepRow] = []
     try:
         progress.tick(f"random weights at {meta['dims']}")
