@@ -44,6 +44,7 @@ def _sources_copy(dest: Path) -> Path:
     ("harness/gates/decision.py", "import harness.gates.paired", "no package contains an import circle"),
     ("harness/tune/measure/point.py", "import harness.tune.table.record", "tune: the command line"),
     ("harness/tune/step/graph.py", "import harness.tune.check.rule", "tune: the command line"),
+    ("harness/tune/configs/space.py", "import harness.tune.check.plan", "tune: the command line"),
     ("model/dispatch/paths.py", "import model.norm.rms_norm", "model: the whole model"),
     ("model/gdn/rule.py", "import model.moe.config", "model: the whole model"),
     ("patches/api/openai_errors.py", "from . import openai_error_codes", "patches.api: every API patch stands alone"),

@@ -6,8 +6,9 @@ One subpackage per concern, top layer first (import-linter contract `tune` in py
 - `args` (the command line, importing nothing heavy), `cli` (the recording run: sweep, time, write the table);
 - `ab/`: `--ab REF_DIR`, this checkout's kernels against a reference's, interleaved in one run;
 - `check/`: `--check` and `--check-stale`, the GPU perf gate against the device's table, and its rule;
-- `configs/`: `moe --sweep-configs`, the Triton kernels' block configs searched;
-- `step/`: `tune step`, the whole per-rank decode step, eager and graph, and its launch counter;
+  `configs/`: `moe --sweep-configs`, the Triton kernels' block configs searched;
+- `step/`: `tune step`, the whole per-rank decode step, eager and graph, its launch counter, and the step as a
+  gated point;
 - `blocks/`: the sweeps of each block's paths (MoE, GDN rule, GDN layer and its stages, attention and norms);
 - `table/`: from measurements to the dispatch table, its recorded timings and the report;
 - `measure/`: one path at one point timed and checked, the shapes, inputs, floors and ceilings.

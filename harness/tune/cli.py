@@ -32,6 +32,8 @@ from .table.sweeps import merge_sweeps
 from .table.build import build_table, write_table
 from .table.targets import judge_targets
 from .measure.timing import L2Flusher, device_identity, graphs_supported, warm_device
+from .check.device_table import dispatching_by
+from .step.point import STEP_GATE_BATCHES, StepPoints, step_model_config
 
 __all__ = ["run"]
 
@@ -70,12 +72,13 @@ def run(a) -> int:
     conv_tokens, norm_rows = conv_points(prefill), norm_points(prefill, decode)
     do_gdn, do_moe = a.target in ("all", "gdn"), a.target in ("all", "moe")
     do_attention, do_norm = a.target in ("all", "attention"), a.target in ("all", "norm")
+    do_step = a.target == "all" and not a.sweep_configs and not a.no_table  # it runs the table this run writes
     context = D.attention_context(dims)
     sweeps = 1 if a.sweep_configs else a.sweeps  # a config sweep ranks configs, not paths: one pass
     graphed_tokens = graphed_block_tokens(block_tokens, device)
     steps = sweeps * ((len(prefill) + len(decode) + len(conv_tokens) + len(norm_rows) + len(layer_points)) * do_gdn
                       + (len(moe_tokens) + 2 * len(block_tokens) + len(graphed_tokens)) * do_moe
-                      + len(decode) * do_attention + len(norm_rows) * do_norm)
+                      + len(decode) * do_attention + len(norm_rows) * do_norm + len(STEP_GATE_BATCHES) * do_step)
     if a.sweep_configs:
         from .configs import sweep as config_sweep
 
@@ -200,6 +203,13 @@ def run(a) -> int:
                 verdicts = phase(f"moe block graphed sweep {i}/{sweeps}", lambda: sweep_graphed_block(
                     dims.moe, graphed_tokens, s, ceilings, progress.tick, w, rows))
             del w
+        if do_step and table is not None:  # last: the whole step served by the table the phases above wrote
+            step = StepPoints(step_model_config(dims.name, a.hf_config, a.tp), s)
+            with dispatching_by(meta["table_path"]):
+                for i in passes:
+                    verdicts = phase(f"decode step sweep {i}/{sweeps}", lambda: step.sweep(
+                        STEP_GATE_BATCHES, progress.tick, rows))
+            del step
     finally:
         progress.close()
     rows = rows if a.sweep_configs else merge_sweeps(rows)

@@ -8,11 +8,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.cli import main
-from harness.tune.ab.run import HEAD_ROOT, ABOptions, ab_points, run_ab
+from harness.tune.ab.run import HEAD_ROOT, ABOptions, _setup, run_ab
 from harness.tune.ab.rule import SideSweeps, judge_ab
-from harness.tune.check.plan import plan_check
+from harness.tune.check.device_table import dispatching_by
+from harness.tune.check.plan import routine_plan, routine_points
 from harness.tune.check.rule import FLOORS, MIN_SWEEPS
 from harness.tune.table.record import recorded_points
 from model.moe import EXPERT_PATHS
@@ -92,7 +94,7 @@ def _timing(block, key, path, **more):
 def table(tmp_path_factory) -> Path:
     """A CPU table at tiny dims, written by hand (harness/tune/table/record.py's format): the routed experts on
     SLOWED at T=2, a decode step at B=1, the staged layer's conv at T=1 and gated norm at 4 rows, and timings
-    that add the block at T=1 and the layer at B=1."""
+    that add the block at T=1, the layer at B=1 and the whole decode step at B=1."""
     path = tmp_path_factory.mktemp("table") / "cpu.json"
     path.write_text(json.dumps({
         "schema": "qwen36-dispatch/2", "device": "cpu", "dtype": "float32", "recorded": {"dims": "tiny"},
@@ -102,19 +104,25 @@ def table(tmp_path_factory) -> Path:
                    "gdn_gated_norm": {"keyed_by": "tokens", "ranges": [_range("fused", 4, "gdn_gated_norm")]}},
         "timings": {"method": "hand-written for a test", "runs": [{"id": 0}],
                     "points": [_timing("moe_block", 1, SLOWED),
-                               _timing("gdn_layer_decode", 1, "layer", rule="decode_step")]}}))
+                               _timing("gdn_layer_decode", 1, "layer", rule="decode_step"),
+                               _timing("decode_step", 1, "served")]}}))
     return path
 
 
-def test_the_points_are_the_routine_gates(table):
+def test_the_points_are_the_routine_gates_as_served(table):
     raw = json.loads(table.read_text())
-    points = ab_points(plan_check(raw, recorded_points(raw["timings"]), full=False))
-    assert points == [{"block": "gdn_conv", "key": 1, "path": "update"},
+    points = _setup(HEAD_ROOT, HEAD_ROOT, ABOptions(device="cpu", table=table)).points
+    with dispatching_by(table):
+        assert points == routine_points(routine_plan(raw, recorded_points(raw["timings"]), torch.device("cpu"),
+                                                     torch.float32)), "the check's points, from the one plan"
+    assert points == [{"block": "moe_experts", "key": 2, "path": SLOWED},
                       {"block": "gdn_decode", "key": 1, "path": "decode_step"},
+                      {"block": "gdn_conv", "key": 1, "path": "update"},
                       {"block": "gdn_gated_norm", "key": 4, "path": "fused"},
-                      {"block": "moe_experts", "key": 2, "path": SLOWED},
                       {"block": "gdn_layer_decode", "key": 1, "path": "layer"},
-                      {"block": "moe_block", "key": 1, "path": None}]  # None: as each side serves it
+                      # the block as this table serves it on this device: composed, with SLOWED's experts
+                      {"block": "moe_block", "key": 1, "path": SLOWED},
+                      {"block": "decode_step", "key": 1, "path": "served"}]
 
 
 def _slowed_copy(root: Path) -> Path:
@@ -144,7 +152,8 @@ def test_a_slowed_path_in_head_fails_naming_it(table, tmp_path, capsys):
     report = json.loads((out / "ab.json").read_text())
     assert code == 1, printed
     slower = {(v["block"], v["key"], v["path"]) for v in report["verdicts"] if v["status"] == "slower"}
-    assert {("moe_experts", 2, SLOWED), ("moe_block", 1, SLOWED)} <= slower, printed.out
+    # the whole step too: its MoE blocks serve SLOWED's experts
+    assert {("moe_experts", 2, SLOWED), ("moe_block", 1, SLOWED), ("decode_step", 1, "served")} <= slower, printed.out
     [experts] = [v for v in report["verdicts"] if v["block"] == "moe_experts"]
     # The 20 ms sleep shows in full in the median; every sweep is beyond the tolerance (a sweep's ratio can lose
     # some of it to a stall of the reference's side: ci21 read one sweep under 10 beside the servers' starts).
@@ -153,7 +162,7 @@ def test_a_slowed_path_in_head_fails_naming_it(table, tmp_path, capsys):
     assert any(line.startswith(f"SLOWER: moe_experts T=2 {SLOWED} (eager): ref ") for line in printed.out.splitlines())
     # Every point ran correctly on both sides, with the model each root holds and this checkout's harness.
     assert {v["block"] for v in report["verdicts"]} == {"moe_experts", "moe_block", "gdn_decode", "gdn_layer_decode",
-                                                        "gdn_conv", "gdn_gated_norm"}
+                                                        "gdn_conv", "gdn_gated_norm", "decode_step"}
     assert not [v for v in report["verdicts"] if v["status"] in ("wrong", "error", "missing")]
     assert report["sides"]["head"]["model_file"] == str((head / "model" / "__init__.py").resolve())
     assert report["sides"]["ref"]["model_file"] == str(HEAD_ROOT / "model" / "__init__.py")

@@ -4,7 +4,8 @@ timed on the same machine in the same job, so only their difference is judged).
 
 REF_DIR is the root of a reference checkout: a git worktree (`git worktree add /tmp/ref <commit>`) or a plain
 copy on a box without the history. Two worker processes (harness/tune/ab/worker.py) time the routine gate's
-points of this device's dispatch table (harness/tune/check/plan.py): head with this checkout's `model`, ref
+points of this device's dispatch table (harness/tune/check/plan.py `routine_points`, exactly the rows `--check`
+times, the MoE block and the GDN layer as this checkout serves them under the table): head with this checkout's `model`, ref
 with REF_DIR's, both with this checkout's harness and both dispatching by the same table. Each side in turn
 warms the device and runs every point once untimed, alone on the machine (compilation and autotuning stay
 out of the sweeps). Then each sweep times each point on one side and straight after on the other, the side
@@ -36,14 +37,14 @@ from model.dispatch.table import TABLE_ENV, table_file_name
 from ..measure import dims as D
 from .rule import ABVerdict, SideSweeps, judge_ab
 from .worker import WorkerDied, WorkerProcess, WorkerRefused
-from ..check.plan import CheckPlan, plan_check
-from ..check.device_table import RECORD_COMMAND, TableRefused, open_device_table
+from ..check.plan import routine_plan, routine_points
+from ..check.device_table import RECORD_COMMAND, TableRefused, dispatching_by, open_device_table
 from ..check.rule import MIN_SWEEPS, point_name
 from ..measure.progress import Progress
 from ..table.report import verdict_sections
 from ..measure.timing import device_identity
 
-__all__ = ["ABOptions", "HEAD_ROOT", "ab_points", "run_ab", "run_ab_command"]
+__all__ = ["ABOptions", "HEAD_ROOT", "run_ab", "run_ab_command"]
 
 HEAD_ROOT = Path(__file__).resolve().parents[3]  # this checkout: its harness times both sides
 SIDES = ("ref", "head")
@@ -87,18 +88,8 @@ def run_ab_command(a) -> int:
     return run_ab(HEAD_ROOT, a.ab, options)
 
 
-def ab_points(plan: CheckPlan) -> list[dict]:
-    """The routine gate's points as worker requests: each dispatched (block, key, path), the GDN layer, the MoE
-    block (its path as served on each side: path None)."""
-    points = [{"block": block, "key": key, "path": path} for (block, key), path in sorted(plan.dispatched.items())]
-    points += [{"block": "gdn_layer_decode" if tokens == 1 else "gdn_layer_prefill",
-                "key": batch if tokens == 1 else tokens, "path": "layer"} for batch, tokens in plan.layer_points]
-    points += [{"block": "moe_block", "key": key, "path": None} for key in sorted(plan.moe_block)]
-    return points
-
-
 def _label(point: dict) -> str:
-    return f"{point_name(point['block'], point['key'])} {point['path'] or 'as served'}"
+    return f"{point_name(point['block'], point['key'])} {point['path']}"
 
 
 @dataclass(frozen=True)
@@ -127,8 +118,8 @@ def _setup(head_root: Path, ref_root: Path, o: ABOptions) -> _Setup:
     except TableRefused as exc:
         raise _Refused(str(exc)) from None
     device, name, table, raw, recorded = t.device, t.name, t.path.resolve(), t.raw, t.recorded
-    plan = plan_check(raw, recorded, full=False)
-    points = ab_points(plan)
+    with dispatching_by(table):  # what this checkout serves under the table: the points `--check` times
+        points = routine_points(routine_plan(raw, recorded, device, getattr(torch, raw["dtype"])))
     if not points:
         raise _Refused(f"{table} dispatches nothing and records no MoE block or GDN layer timings: nothing to "
                        f"time; re-record it with `{RECORD_COMMAND}`")
@@ -255,8 +246,8 @@ def _served(point: dict, rows: list[dict]) -> str:
 
 
 def _path_label(point: dict, head: list[dict], ref: list[dict]) -> str:
-    """The table's path; for the block and the layer, what each side served (both named if they differ)."""
-    if point["path"] not in (None, "layer"):
+    """The table's path; for the staged layer, the rule each side served (both named if they differ)."""
+    if point["path"] != "layer":
         return point["path"]
     mine, theirs = _served(point, head), _served(point, ref)
     return theirs if not head else mine if mine == theirs or not ref else f"{mine} (ref: {theirs})"

@@ -17,8 +17,10 @@ or {"fatal": "model" | "incompatible", "message"} and exits 2. Then, per request
                                             -> {"rows": [...]}    (one sweep of that point: Measurement rows)
     {"op": "quit"} or end of input          -> exits 0
 Point blocks: moe_experts, gdn_prefill, gdn_decode, gdn_conv, gdn_gated_norm, attention_layer_decode,
-add_rms_norm (the table's path there), moe_block (path: as served here), gdn_layer_decode / gdn_layer_prefill
-(the whole layer, its paths as served here). A reference whose `model` predates the attention decode layer or the
+add_rms_norm (the table's path there), moe_block (path: a fused block path, or a routed-expert path for the
+composed block with those experts), gdn_layer_decode / gdn_layer_prefill (path: `layer`, the staged layer with
+its stages as served here, or a fused decode-layer path), decode_step (path `served`: the whole decode step of one
+rank, harness/tune/step/point.py; a reference whose `model` cannot build it answers it as missing). A reference whose `model` predates the attention decode layer or the
 add + RMSNorm answers those points as missing.
 """
 from __future__ import annotations
@@ -101,7 +103,7 @@ def _point_timer(a) -> Callable[[dict], list[dict]]:
     for name in TIMING_MODULES:
         importlib.import_module(name)  # ImportError: this reference's model lacks what the harness needs
     from model.gdn import CONV_PATHS, GDN_RULE_PATHS, select_rule_path
-    from model.moe import EXPERT_PATHS, MoEConfig, select_expert_path
+    from model.moe import EXPERT_PATHS
     from model.norm.rms_norm import GATED_NORM_PATHS
 
     from ..measure import dims as D
@@ -121,6 +123,7 @@ def _point_timer(a) -> Callable[[dict], list[dict]]:
                  L2Flusher(device, a.flush_mb * 2**20))
     ceilings = ceilings_for(a.device_stem, None, None)
     weights = []  # the MoE weights, made once (as a recording makes them once per run)
+    whole_step = []  # the whole model for decode_step points, built once
 
     def moe_w():
         if not weights:
@@ -142,9 +145,9 @@ def _point_timer(a) -> Callable[[dict], list[dict]]:
         rows = []
         never = Pruner(float("inf"), True)  # each point is asked for on purpose: none is dropped after another
         if block in ("moe_experts", "moe_block"):
-            if block == "moe_block":  # timed as served: the path this side's dispatcher picks there
-                path = select_expert_path(key, MoEConfig(), device, dtype)
-            why = why_not(EXPERT_PATHS, path, key)
+            block_paths = getattr(importlib.import_module("model.moe"), "MOE_BLOCK_PATHS", {})  # none: an old model
+            registry = block_paths if block == "moe_block" and path in block_paths else EXPERT_PATHS
+            why = why_not(registry, path, key)
             if why:
                 return [_missing(block, key, path, why)]
             sweep = sweep_moe_experts if block == "moe_experts" else sweep_moe_block
@@ -178,10 +181,24 @@ def _point_timer(a) -> Callable[[dict], list[dict]]:
             else:
                 step_blocks.sweep_add_rms_norm(dims.attention.hidden_size, dims.attention.eps, [key], s, ceilings,
                                                quiet, rows, paths_at=lambda b, k: {path})
+        elif block == "decode_step":
+            if not whole_step:
+                try:  # the harness's step code on this side's model: an old one may lack what it needs
+                    from ..step.point import StepPoints, step_model_config
+
+                    whole_step.append(StepPoints(step_model_config(a.dims, a.hf_config, a.tp), s))
+                except (ImportError, AttributeError, TypeError, ValueError) as exc:
+                    return [_missing(block, key, path, f"this side's model cannot build the whole step: {exc}")]
+            whole_step[0].sweep([key], quiet, rows)
         elif block in LAYER_BLOCKS:
             batch, tokens = (key, 1) if block == "gdn_layer_decode" else (1, key)
+            if path != "layer":  # a fused decode-layer path, which a reference may not have
+                fused = getattr(importlib.import_module("model.gdn"), "GDN_DECODE_LAYER_PATHS", {})
+                why = why_not(fused, path, 1) if tokens == 1 else f"{path} is a decode path, asked at T={tokens}"
+                if why:
+                    return [_missing(block, key, path, why)]
             time_gdn_layer(dims.gdn, s, lambda b, t: select_rule_path(t, b, device, dtype), quiet, [(batch, tokens)],
-                           rows, stages=("layer",))
+                           rows, stages=(path,))
         else:
             raise ValueError(f"unknown block {block!r}")
         return [_row(m) for m in rows] or [_missing(block, key, path or "", "nothing ran at this point")]

@@ -3,18 +3,22 @@ which file, its recorded timings, and whether graph replay is to be timed. A tab
 refused with the command that records one."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from model.dispatch.table import CHECKOUT_TABLE_DIR, DispatchTableError, load_dispatch_table, table_file_name
+from model.dispatch.table import (
+    CHECKOUT_TABLE_DIR, TABLE_ENV, DispatchTableError, clear_table_cache, load_dispatch_table, table_file_name,
+)
 
 from ..table.record import RecordedPoint, recorded_points
 from ..measure.timing import graphs_supported
 
-__all__ = ["RECORD_COMMAND", "TableRefused", "DeviceTable", "open_device_table"]
+__all__ = ["RECORD_COMMAND", "TableRefused", "DeviceTable", "dispatching_by", "open_device_table"]
 
 RECORD_COMMAND = "qwen36 tune  (or on the serving image: python3 -m harness.tune)"
 
@@ -58,3 +62,19 @@ def open_device_table(device: str | None, table: Path | None) -> DeviceTable:
         raise TableRefused(str(exc)) from None
     raw = json.loads(path.read_text())
     return DeviceTable(dev, name, path, raw, recorded_points(raw.get("timings")))
+
+
+@contextlib.contextmanager
+def dispatching_by(path):
+    """The table under test for this process's dispatchers while open; the caller's setting after."""
+    before = os.environ.get(TABLE_ENV)
+    os.environ[TABLE_ENV] = str(path)
+    clear_table_cache()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(TABLE_ENV, None)
+        else:
+            os.environ[TABLE_ENV] = before
+        clear_table_cache()

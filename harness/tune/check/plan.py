@@ -1,20 +1,31 @@
 """What the GPU perf gate times, read from a device's dispatch table: every point where the table dispatches a
 path (the path it names there), the whole MoE block and the GDN layer at their recorded points, and, for the
 full check, every path at every dispatch point, and every conv and gated-norm path at the GDN points of a table
-recorded before those two blocks were dispatched. Numbers only; nothing here needs a device."""
+recorded before those two blocks were dispatched. Numbers only; nothing here needs a device.
+
+The routine gate's points come from one place, `routine_plan` and `routine_points`: `--check` times them and
+`--ab` asks its workers for exactly them, so the A/B can never pass a path the check would have timed."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from model.attention.decode_layer import select_attention_decode_layer_path
 from model.gdn import select_conv_path, select_gated_norm_path
+from model.moe import MoEConfig, select_block_path, select_expert_path
 from model.norm.rms_norm import select_add_rms_norm_path
 
+from ..table.block_rows import COMPOSED, fused_layer_paths
 from ..table.record import RecordedPoint
 
-__all__ = ["CheckPlan", "layer_paths_to_time", "plan_check", "ranking_block"]
+__all__ = ["CheckPlan", "PATH_BLOCKS", "layer_paths_to_time", "plan_check", "ranking_block", "routine_plan",
+           "routine_points", "served_block_row"]
+
+# The dispatch blocks timed path by path at their own points (the full check times the others beside the choice).
+PATH_BLOCKS = ("moe_experts", "gdn_prefill", "gdn_decode", "gdn_conv", "gdn_gated_norm", "attention_layer_decode",
+               "add_rms_norm")
 
 MOE_BLOCK, LAYER_BLOCKS = "moe_block", ("gdn_layer_decode", "gdn_layer_prefill")
+STEP_BLOCK, STEP_PATH = "decode_step", "served"  # the whole decode step's rows (harness/tune/step/point.py)
 # The blocks added to the table after tables were recorded without them (the staged GDN layer's stages, the
 # attention decode layer, the add + RMSNorm), and the path each serves where a table has no entry (no device
 # given: the model's default).
@@ -36,6 +47,7 @@ class CheckPlan:
     attention_layer_decode: dict[int, set[str] | None] = field(default_factory=dict)  # batch -> attention paths
     add_rms_norm: dict[int, set[str] | None] = field(default_factory=dict)  # rows -> add + RMSNorm paths
     layer_points: list[tuple[int, int]] = field(default_factory=list)  # (batch, tokens)
+    step_batches: list[int] = field(default_factory=list)  # the whole decode step, where recorded
     dispatched: dict[tuple[str, int], str] = field(default_factory=dict)  # (block, key) -> the table's path
     # Full check, a table without a stage block: (block, key) -> the path served there without an entry.
     by_default: dict[tuple[str, int], str] = field(default_factory=dict)
@@ -43,7 +55,7 @@ class CheckPlan:
     def points(self) -> int:
         return (len(self.moe_experts) + len(self.moe_block) + len(self.gdn_prefill) + len(self.gdn_decode)
                 + len(self.gdn_conv) + len(self.gdn_gated_norm) + len(self.attention_layer_decode)
-                + len(self.add_rms_norm) + len(self.layer_points))
+                + len(self.add_rms_norm) + len(self.layer_points) + len(self.step_batches))
 
     def paths_at(self, block: str):
         """The sweeps' filter for `block`: key -> the names to time (None for every path)."""
@@ -81,7 +93,10 @@ def plan_check(raw_table: dict, recorded: dict[tuple[str, int, str], RecordedPoi
             point = (key, 1) if block == "gdn_layer_decode" else (1, key)
             if point not in plan.layer_points:
                 plan.layer_points.append(point)
+        elif block == STEP_BLOCK and key not in plan.step_batches:
+            plan.step_batches.append(key)
     plan.layer_points.sort(key=lambda bt: (bt[1], bt[0]))
+    plan.step_batches.sort()
     if full:
         _add_undispatched_stages(plan, raw_table)
     return plan
@@ -116,3 +131,40 @@ def ranking_block(block: str, key: int, plan: CheckPlan) -> str:
     """Which timings decided the table's choice at a point: the whole block where it was timed (MoE), else the
     block itself (harness/tune/table/build.py ranks the routed experts by the block's time at the block's points)."""
     return MOE_BLOCK if block == "moe_experts" and key in plan.moe_block else block
+
+
+def served_block_row(tokens: int, device, dtype) -> str:
+    """The `moe_block` row that times the block as served at `tokens` (harness/tune/table/block_rows.py): a fused
+    block path, or the composed block's row of the experts served there. Ask it while the table under test is
+    the dispatchers' (check/device_table.py `dispatching_by`)."""
+    path = select_block_path(tokens, device, dtype)
+    return select_expert_path(tokens, MoEConfig(), device, dtype) if path == COMPOSED else path
+
+
+def routine_plan(raw_table: dict, recorded: dict[tuple[str, int, str], RecordedPoint], device, dtype) -> CheckPlan:
+    """The routine gate's plan with the MoE block as this device serves it under the table (see
+    served_block_row): what `--check` times and `--ab` compares."""
+    plan = plan_check(raw_table, recorded, full=False)
+    for tokens in plan.moe_block:
+        plan.moe_block[tokens] = {served_block_row(tokens, device, dtype)}
+    return plan
+
+
+def routine_points(plan: CheckPlan) -> list[dict]:
+    """Every point of a routine plan as {"block", "key", "path"}, one per timed row: the table's path at each
+    dispatch point, the GDN layer's whole-layer rows (the staged layer and the fused paths the table serves, at
+    the decode points), the MoE block as served, the whole decode step where recorded. `--check`'s report has exactly these rows."""
+    points = []
+    for block in PATH_BLOCKS:
+        for key, paths in sorted(getattr(plan, block).items()):
+            if paths is None:
+                raise ValueError(f"{block} {key}: a full check's plan times every path; only a routine plan lists")
+            points += [{"block": block, "key": key, "path": path} for path in sorted(paths)]
+    stages = layer_paths_to_time(plan, fused_layer_paths(), full=False)
+    for batch, tokens in plan.layer_points:
+        block, key = ("gdn_layer_decode", batch) if tokens == 1 else ("gdn_layer_prefill", tokens)
+        points += [{"block": block, "key": key, "path": stage} for stage in (stages if tokens == 1 else stages[:1])]
+    points += [{"block": "moe_block", "key": key, "path": path}
+               for key, paths in sorted(plan.moe_block.items()) for path in sorted(paths or ())]
+    points += [{"block": STEP_BLOCK, "key": batch, "path": STEP_PATH} for batch in plan.step_batches]
+    return points

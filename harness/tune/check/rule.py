@@ -23,7 +23,8 @@ __all__ = ["FLOORS", "MIN_SWEEPS", "point_name", "bounds", "tolerance", "PointVe
            "StaleVerdict", "judge_stale"]
 
 FLOORS = {"graph": 0.10, "eager": 0.15}
-BATCH_KEYED = ("gdn_decode", "gdn_layer_decode", "attention_layer_decode")  # one token per sequence, keyed by B
+# one token per sequence, keyed by B
+BATCH_KEYED = ("gdn_decode", "gdn_layer_decode", "attention_layer_decode", "decode_step")
 MIN_SWEEPS = 3
 
 

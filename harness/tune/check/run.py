@@ -6,10 +6,8 @@ or the dispatcher serving another path than the table names; 2: nothing to check
 device, or one without timings), with the command that records one."""
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
-import os
 import shlex
 import sys
 import time
@@ -17,7 +15,6 @@ from pathlib import Path
 
 import torch
 
-from model.dispatch.table import TABLE_ENV, clear_table_cache
 from model.gdn import select_decode_layer_path, select_rule_path
 from model.moe import MoEConfig, select_block_path, select_expert_path
 
@@ -25,8 +22,10 @@ from ..measure import dims as D
 from .add_run import add_run
 from ..table.block_rows import COMPOSED, STAGED, block_choice, fused_layer_paths
 from ..measure.ceilings import ceilings_for
-from .device_table import RECORD_COMMAND, TableRefused, open_device_table
-from .plan import STAGE_DEFAULTS, CheckPlan, layer_paths_to_time, plan_check, ranking_block
+from .device_table import RECORD_COMMAND, TableRefused, dispatching_by, open_device_table
+from .plan import (
+    PATH_BLOCKS, STAGE_DEFAULTS, CheckPlan, layer_paths_to_time, plan_check, ranking_block, routine_plan,
+)
 from .rule import FLOORS, MIN_SWEEPS, PointVerdict, StaleVerdict, judge_point, judge_stale
 from ..blocks.gdn import sweep_gdn
 from ..blocks.gdn_layer import time_gdn_layer
@@ -41,34 +40,16 @@ from ..table.report import verdict_sections
 from ..blocks.attention_and_norm import sweep_add_rms_norm, sweep_attention_layer
 from ..table.sweeps import merge_sweeps
 from ..measure.timing import L2Flusher, device_identity, warm_device
+from ..step.point import StepPoints, step_model_config
 
 __all__ = ["run_check"]
 
 # The dispatch blocks that choose a whole block's path (harness/tune/table/block_rows.py).
 WHOLE_BLOCKS = ("moe_block", "gdn_layer_decode")
-# The dispatch blocks timed path by path at their own points (the full check times the others beside the choice).
-PATH_BLOCKS = ("moe_experts", "gdn_prefill", "gdn_decode", "gdn_conv", "gdn_gated_norm", "attention_layer_decode",
-               "add_rms_norm")
 
 def _refuse(message: str) -> int:
     print(f"qwen36 tune --check: {message}", file=sys.stderr)
     return 2
-
-
-@contextlib.contextmanager
-def _dispatching_by(path):
-    """The table under test for this process's dispatchers while open; the caller's setting after."""
-    before = os.environ.get(TABLE_ENV)
-    os.environ[TABLE_ENV] = str(path)
-    clear_table_cache()
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(TABLE_ENV, None)
-        else:
-            os.environ[TABLE_ENV] = before
-        clear_table_cache()
 
 
 def run_check(a) -> int:
@@ -92,16 +73,15 @@ def run_check(a) -> int:
         delays = parse_injections(a.inject_delay or [])
     except InjectError as exc:
         return _refuse(str(exc))
-    with _dispatching_by(path):  # the dispatchers follow the table under test, whatever the environment
+    with dispatching_by(path):  # the dispatchers follow the table under test, whatever the environment
         dtype = getattr(torch, raw["dtype"])
         reps, warmup = int(rec_meta.get("reps", a.reps)), int(rec_meta.get("warmup", a.warmup))
         flush_mb = int(rec_meta.get("flush_mb", a.flush_mb))
         s = Settings(device, dtype, reps, warmup, t.times_graphs(a.no_graph), L2Flusher(device, flush_mb * 2**20))
         full = bool(a.check_stale)
-        plan = plan_check(raw, recorded, full)
-        if not full:  # the block as served there: a fused block path, or composed with the served experts
-            for tokens in plan.moe_block:
-                plan.moe_block[tokens] = {_served_block_row(tokens, device, dtype)}
+        # routine: the block as served there (a fused block path, or composed with the served experts), the
+        # same plan `--ab` compares
+        plan = plan_check(raw, recorded, full) if full else routine_plan(raw, recorded, device, dtype)
         began = time.monotonic()
         with injected_delays(delays) as injected:
             rows = _measure(plan, dims, s, a, ceilings_for(t.stem, None, None))
@@ -132,6 +112,7 @@ def _measure(plan: CheckPlan, dims: D.TuneDims, s: Settings, a, ceilings) -> lis
     progress = Progress(a.sweeps * plan.points(), enabled=not a.no_progress)
     never = Pruner(float("inf"), True)
     gdn_paths_at = lambda block, key: getattr(plan, block).get(key)  # noqa: E731  (the (block, key) sweeps' filter)
+    step = StepPoints(step_model_config(dims.name, a.hf_config, a.tp), s) if plan.step_batches else None
     try:
         warm_device(s.device)
         for _ in range(a.sweeps):  # whole passes: a point's sweeps are minutes apart, not back to back
@@ -159,6 +140,8 @@ def _measure(plan: CheckPlan, dims: D.TuneDims, s: Settings, a, ceilings) -> lis
             if plan.moe_block:
                 sweep_moe_block(dims.moe, sorted(plan.moe_block), s, ceilings, never, progress.tick, None, rows,
                                 paths_at=plan.paths_at("moe_block"))
+            if step is not None:
+                step.sweep(plan.step_batches, progress.tick, rows)
     finally:
         progress.close()
     return rows
@@ -174,12 +157,6 @@ def _served(block: str, key: int, device, dtype) -> str:
     if block in SELECTORS:
         return SELECTORS[block](key, device, dtype)
     return select_rule_path(1, key, device, dtype) if block == "gdn_decode" else select_rule_path(key, 1, device, dtype)
-
-
-def _served_block_row(tokens: int, device, dtype) -> str:
-    """The `moe_block` row that times the block as served at `tokens` (harness/tune/table/block_rows.py)."""
-    path = select_block_path(tokens, device, dtype)
-    return select_expert_path(tokens, MoEConfig(), device, dtype) if path == COMPOSED else path
 
 
 def _table_choice(plan: CheckPlan, block: str, key: int) -> str:

@@ -23,9 +23,10 @@ from ..measure.point import Measurement
 __all__ = ["RecordedPoint", "RECORDED_BLOCKS", "new_timings", "append_run", "recorded_points", "keep_blocks",
            "run_meta"]
 
-# What the timings hold: the dispatch blocks, the whole MoE block, and the GDN layer end to end.
+# What the timings hold: the dispatch blocks, the whole MoE block, the GDN layer end to end, and the whole decode
+# step (harness/tune/step/point.py).
 RECORDED_BLOCKS = ("moe_experts", "moe_block", "gdn_prefill", "gdn_decode", "gdn_layer_decode", "gdn_layer_prefill",
-                   "gdn_conv", "gdn_gated_norm", "attention_layer_decode", "add_rms_norm")
+                   "gdn_conv", "gdn_gated_norm", "attention_layer_decode", "add_rms_norm", "decode_step")
 
 
 @dataclass
