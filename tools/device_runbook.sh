@@ -1,51 +1,65 @@
 #!/bin/bash
-# device runbook for issue 28, fifth round (reports/decode-step-h200-2026-12-05.md). usage: bash tools/device_runbook.sh STAGE...
+# A lent GPU session's stages, run from the repository root on the device: bash tools/device_runbook.sh STAGE...
+# Carried wheels (.whl/: fla-core, einops, syrupy, pytest-timeout) are installed first. Each stage's output goes
+# to $R (default /tmp/res) and, after every stage, into $OUT/res.tgz, so a call that runs out of time still
+# returns what it measured. Seconds per stage: $R/stages.txt. A table recorded here is also kept in .devrun/
+# (ignored by git, so it stays on a warm machine for the next call).
+#   machine      GPU, driver, CPU, kernel, torch and triton versions
+#   ceilings     tools/ceilings_probe.py: HBM copy bandwidth and bf16 GEMM rate
+#   step-notable `qwen36 tune step` at B = 1, 8 with no table for this GPU (what a new GPU serves by default)
+#   record       `qwen36 tune`: records this GPU's table (and report) into $R/table, copied to .devrun/table
+#   check        `qwen36 tune --check` against the table recorded here (TABLE= overrides)
+#   step         `qwen36 tune step` at B = 1, 8 with that table
+#   slowed       a copy of the tree with two kernel-config regressions in served fused blocks (the MoE block's
+#                T=1 decode config, the GDN decode layer's warps), then --check and --ab (ref: this tree) there
+#   gputests     pytest -m gpu (GPU_TESTS= names files; default all), reports under $R/gpu
+#   sweep        the config sweep of tests/unit/test_tune_config_sweep.py's GPU test, its report kept
 set -u -o pipefail
-R=/tmp/res; mkdir -p $R
+R=${R:-/tmp/res}; mkdir -p "$R" .devrun
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
 export PYTHONPATH=/tmp/site:$PWD
-{ nvidia-smi --query-gpu=name,uuid,driver_version,clocks.max.sm --format=csv; lscpu | grep -E 'Model name|^CPU\(s\)'; uname -r; python3 -c 'import torch,triton;print(torch.__version__,triton.__version__)'; } > $R/machine.txt 2>&1
-cat $R/machine.txt
+TABLE=${TABLE:-.devrun/table/$(python3 -c 'import torch; from model.dispatch.table import table_file_name as f; print(f(torch.cuda.get_device_name()))')}
 for stage in "$@"; do
   t0=$(date +%s)
   case $stage in
-    gputests)
-      GPU_REPORT_DIR=$R/gpu timeout ${TG:-300} python3 -m pytest -m gpu -q -p no:cacheprovider --hypothesis-profile=gpu \
-        tests/numerics/test_attention_decode_layer_gpu.py tests/numerics/test_add_rms_norm_gpu.py \
-        tests/numerics/test_gdn_conv_gpu.py tests/numerics/test_qwen36_static_decode_gpu.py 2>&1 | tee $R/pytest-gpu.txt | tail -40 ;;
-    stale)
-      timeout ${TS:-420} python3 -m harness.tune --check-stale --no-progress --report-dir $R/stale-old 2>&1 | tail -60 ;;
-    stalecut)
-      python3 tools/table_decode_points.py fixtures/dispatch/nvidia-h200.json /tmp/decode-points.json
-      timeout ${TS:-160} python3 -m harness.tune --check-stale --table /tmp/decode-points.json --no-progress --report-dir $R/stale-old 2>&1 | tail -60 ;;
+    machine)
+      { nvidia-smi --query-gpu=name,uuid,driver_version,clocks.max.sm,memory.total --format=csv
+        lscpu | grep -E 'Model name|^CPU\(s\)'; uname -r
+        python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } 2>&1 | tee "$R/machine.txt" ;;
+    ceilings)
+      python3 tools/ceilings_probe.py --out "$R/ceilings.json" 2>&1 | tee "$R/ceilings.txt" ;;
+    step-notable)
+      mkdir -p /tmp/no-tables
+      QWEN36_DISPATCH_DIR=/tmp/no-tables timeout 300 python3 -m harness.tune step --step-batches 1,8 --no-progress \
+        --report-dir "$R/step-notable" 2>&1 | tail -40 ;;
     record)
-      mkdir -p $R/table
-      timeout ${TR:-200} python3 -m harness.tune --no-progress --table-dir $R/table --report-dir $R/tune 2>&1 | tail -60 ;;
-    usenew)
-      cp $R/table/*.json fixtures/dispatch/ && ls -la fixtures/dispatch ;;
-    step)
-      timeout ${TP:-250} python3 -m harness.tune step ${STEPARGS:-} --no-progress --report-dir $R/step 2>&1 | tail -60 ;;
-    ab)
-      timeout ${TA:-280} python3 tools/step_path_ab.py --a attention_decode_layer=staged,add_norm=fused \
-        --b attention_decode_layer=triton,add_norm=triton --batches 1,8,64 --rounds ${ROUNDS:-6} --reps 10 --out $R/ab-attn-norm.json 2>&1 | tail -30 ;;
-    launches)
-      timeout 200 python3 tools/step_launch_count.py --device cuda --layers 40 --batches 1,8 --out $R/launches 2>&1 | tail -30 ;;
-    selectors)
-      timeout 120 python3 tools/selector_cost.py cuda 2>&1 | tee $R/selectors.txt ;;
-    hostprof)
-      for b in ${HB:-1 8}; do
-        timeout 120 python3 tools/step_host_profile.py --batch $b --out $R/host-served 2>&1 | head -14
-        timeout 120 python3 tools/step_host_profile.py --batch $b --paths attention_decode_layer=staged,add_norm=fused --out $R/host-old 2>&1 | head -10
-      done ;;
-    steperror)
-      timeout ${TE:-240} python3 tools/step_error.py real $R/step-error.json 2>&1 | tail -50 ;;
-    addrun)
-      timeout 200 python3 -m harness.tune --check --add-run --no-progress --report-dir $R/check-addrun 2>&1 | tail -20
-      mkdir -p $R/table-addrun && cp fixtures/dispatch/nvidia-h200.json $R/table-addrun/ ;;
+      timeout 420 python3 -m harness.tune --no-progress --table-dir "$R/table" --report-dir "$R/tune" 2>&1 | tail -60
+      mkdir -p .devrun/table && cp "$R"/table/*.json .devrun/table/ ;;
     check)
-      timeout 300 python3 -m harness.tune --check --no-progress --report-dir $R/check 2>&1 | tail -40 ;;
+      timeout 300 python3 -m harness.tune --check --table "$TABLE" --no-progress --report-dir "$R/check" 2>&1 | tail -40 ;;
+    step)
+      QWEN36_DISPATCH_TABLE="$TABLE" timeout 300 python3 -m harness.tune step --step-batches 1,8 --no-progress \
+        --report-dir "$R/step" 2>&1 | tail -40 ;;
+    slowed)
+      rm -rf /tmp/slowed && mkdir -p /tmp/slowed && cp -r model harness fixtures tools pyproject.toml /tmp/slowed/
+      sed -i 's/(1, DecodeConfig(block_i=2, block_h=2048, warps_gate_up=4, block_n=16, warps_down=8)),/(1, DecodeConfig(block_i=2, block_h=2048, warps_gate_up=1, block_n=16, warps_down=1)),/' \
+        /tmp/slowed/model/moe/triton_decode.py
+      sed -i 's|return bk, bv, bw, min(8, max(1, bk \* bv // 2048))|return bk, bv, bw, 1|' /tmp/slowed/model/gdn/triton_decode_layer.py
+      (cd /tmp/slowed && diff -r "$OLDPWD/model" model; true) | tee "$R/slowed.diff"
+      table=$(realpath "$TABLE"); here=$PWD
+      (cd /tmp/slowed && PYTHONPATH=/tmp/site:/tmp/slowed timeout 300 python3 -m harness.tune --check --table "$table" \
+         --no-progress --report-dir "$R/slowed-check" 2>&1 | tail -30)
+      (cd /tmp/slowed && PYTHONPATH=/tmp/site:/tmp/slowed timeout 420 python3 -m harness.tune --ab "$here" --table "$table" \
+         --no-progress --report-dir "$R/slowed-ab" 2>&1 | tail -30) ;;
+    gputests)
+      GPU_REPORT_DIR="$R/gpu" timeout ${TG:-560} python3 -m pytest -m gpu -q -p no:cacheprovider --hypothesis-profile=gpu \
+        ${GPU_TESTS:-} 2>&1 | tee "$R/pytest-gpu.txt" | tail -40 ;;
+    sweep)
+      timeout ${TS:-560} python3 -m harness.tune moe --sweep-configs --no-progress --report-dir "$R/sweep" \
+        --moe-tokens 1,64,512 --reps 5 --warmup 1 --compile-workers 4 2>&1 | tail -30 ;;
+    *) echo "unknown stage $stage" ;;
   esac
-  rc=$?; echo "== stage $stage rc=$rc seconds=$(( $(date +%s) - t0 ))" | tee -a $R/stages.txt
-  tar czf $OUT/res.tgz -C $R .
+  rc=$?; echo "== stage $stage rc=$rc seconds=$(( $(date +%s) - t0 ))" | tee -a "$R/stages.txt"
+  tar czf "$OUT/res.tgz" -C "$R" .
 done
