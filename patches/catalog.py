@@ -2,12 +2,12 @@
 default declared there) and one line here: patches/settings.py reads the switches of this list."""
 from __future__ import annotations
 
-from .model_paths import moe_experts, moe_router
 from .api import (
     nonstream_trailing_content, object_tool_arguments, openai_error_codes, openai_errors, stream_tool_marker,
     truncated_tool_arguments,
 )
 from .core.registry import Patch
+from .model_paths import moe_experts, moe_router
 
 PATCHES: tuple[Patch, ...] = (
     moe_experts.PATCH,

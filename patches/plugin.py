@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import logging
 
-from .model_paths import step_slowdown
 from .core.registry import PatchStatus, apply_patches, format_table
+from .model_paths import step_slowdown
 from .settings import PatchSettings, PatchSettingsError, clear_table_logged, mark_table_logged, table_already_logged
 
 __all__ = ["register"]

@@ -7,10 +7,10 @@ import torch, torch.nn.functional as F
 from harness.tune.measure.dims import REAL_PER_RANK
 from harness.tune.measure.inputs import moe_weights, gdn_weights, attention_weights, rank_config
 from harness.tune.step.run import QWEN36_35B_A3B
-from model.qwen36 import Qwen36Config
-from model.moe import moe_block
-from model.gdn import GDNState, run_decode_layer
 from model.attention.layer import KVCache, StaticKVCache, gated_attention_static
+from model.gdn import GDNState, run_decode_layer
+from model.moe import moe_block
+from model.qwen36 import Qwen36Config
 dev, dt = torch.device("cuda"), torch.bfloat16
 g = torch.Generator(device=dev).manual_seed(0)
 def same(name, fn, reps=5):

@@ -1,11 +1,11 @@
 """Per-call host cost of each dispatch selector on this host, outside a scope and answered from a scope's memo."""
 import timeit, torch, sys
+from model.attention.decode_layer import select_attention_decode_layer_path
 from model.dispatch.scope import one_dispatch_scope
 from model.gdn.decode_layer import select_decode_layer_path
-from model.attention.decode_layer import select_attention_decode_layer_path
-from model.norm.rms_norm import select_add_rms_norm_path
 from model.moe import select_block_path
 from model.moe.config import MoEConfig
+from model.norm.rms_norm import select_add_rms_norm_path
 dev = torch.device(sys.argv[1] if len(sys.argv) > 1 else "cuda")
 dt = torch.bfloat16
 cfg = MoEConfig()

@@ -1,8 +1,8 @@
 """End-to-end logits error of the bf16 decode step against a float64 reference model, per path choice (B=1, 8)."""
 import json, sys, torch
 from harness.tune.measure.inputs import generator, rank_config, rank_weights
-from harness.tune.step.run import QWEN36_35B_A3B, TINY_MODEL
 from harness.tune.step.graph import relative_difference
+from harness.tune.step.run import QWEN36_35B_A3B, TINY_MODEL
 from model.qwen36 import CapturableDecodeStep, Qwen36Config, Qwen36Model, Qwen36Paths
 dims = sys.argv[1] if len(sys.argv) > 1 else "real"
 out = sys.argv[2] if len(sys.argv) > 2 else "step-error.json"

@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 
 from harness.tune.measure.inputs import generator, rank_config, rank_weights
-from harness.tune.step.run import QWEN36_35B_A3B, TINY_MODEL
-from harness.tune.step.graph import RestoringFlusher, relative_difference
 from harness.tune.measure.timing import L2Flusher, time_eager, warm_device
+from harness.tune.step.graph import RestoringFlusher, relative_difference
+from harness.tune.step.run import QWEN36_35B_A3B, TINY_MODEL
 from model.qwen36 import CapturableDecodeStep, Qwen36Cache, Qwen36Config, Qwen36Model, Qwen36Paths, Qwen36Weights
 
 

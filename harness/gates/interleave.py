@@ -29,11 +29,11 @@ from typing import Callable
 from tqdm import tqdm
 
 from harness.bench.artifacts import new_run_dir, write_json
-from harness.bench.run import BenchConfig, Workload, _token_counter, build_points, write_outputs
 from harness.bench.client import ClientConfig
 from harness.bench.metrics import Scoring
-from harness.serving.placement import client_on
+from harness.bench.run import BenchConfig, Workload, _token_counter, build_points, write_outputs
 from harness.bench.runner import Point, PointResult, run_points
+from harness.serving.placement import client_on
 from harness.serving.shared_server import ServerInfo
 
 # vLLM CPU's busy-wait after its last message lasts 1 s (shm_broadcast.SpinCondition); 1.2 s clears it.

@@ -34,10 +34,10 @@ from typing import Callable, Iterator
 
 import psutil
 
-from harness.serving import shared_server
 from harness.errors import HarnessError
 from harness.gates.measure import STEADY_PREFIX_CACHE, Warmup, warm
 from harness.gates.reference import ReferenceServer, add_worktree, check_dependencies, load_reference
+from harness.serving import shared_server
 from harness.serving.launcher import ManagedServer, embedded_server
 from harness.serving.shared_server import SESSION, SESSION_KV_GIB, ServerInfo, embedded_env
 

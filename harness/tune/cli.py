@@ -13,27 +13,27 @@ import torch
 from model.dispatch.table import CHECKOUT_TABLE_DIR, DispatchTable, parse_dispatch_table, table_file_name
 from model.gdn import select_conv_path, select_gated_norm_path, select_rule_path
 
-from .measure import dims as D
-from .measure.ceilings import ceilings_for
+from .blocks.attention_and_norm import sweep_add_rms_norm, sweep_attention_layer, unavailable_step_block_paths
 from .blocks.gdn import sweep_gdn, unavailable_rule_paths
 from .blocks.gdn_layer import LAYER_POINTS, time_gdn_layer
 from .blocks.gdn_stages import conv_points, norm_points, sweep_gated_norm, sweep_gdn_conv, unavailable_stage_paths
-from .measure.point import Settings
 from .blocks.moe import (
     graphed_block_tokens, sweep_graphed_block, sweep_moe_block, sweep_moe_experts, sweep_moe_router,
     unavailable_expert_paths,
 )
+from .check.device_table import dispatching_by
+from .measure import dims as D
+from .measure.ceilings import ceilings_for
+from .measure.point import Settings
 from .measure.progress import Progress
 from .measure.prune import Pruner
+from .measure.timing import L2Flusher, device_identity, graphs_supported, warm_device
+from .step.point import STEP_GATE_BATCHES, StepPoints, step_model_config
+from .table.build import build_table, write_table
 from .table.record import new_timings, run_meta
 from .table.report import format_rows, layer_breakdown, write_report
-from .blocks.attention_and_norm import sweep_add_rms_norm, sweep_attention_layer, unavailable_step_block_paths
 from .table.sweeps import merge_sweeps
-from .table.build import build_table, write_table
 from .table.targets import judge_targets
-from .measure.timing import L2Flusher, device_identity, graphs_supported, warm_device
-from .check.device_table import dispatching_by
-from .step.point import STEP_GATE_BATCHES, StepPoints, step_model_config
 
 __all__ = ["run"]
 

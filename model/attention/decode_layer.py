@@ -27,11 +27,11 @@ import torch
 import torch.nn.functional as F
 
 from ..dispatch import triton_support
-from .layer import ATTENTION_CORES, AttentionWeights, StaticKVCache, gated_attention_static
+from ..dispatch.paths import LOW_PRECISION, ComputePath, PathTable, always_float64, same_as_input
 from ..dispatch.scope import scoped
 from ..dispatch.table import served_path
 from ..norm.rms_norm import RMS_NORM_PATHS
-from ..dispatch.paths import LOW_PRECISION, ComputePath, PathTable, always_float64, same_as_input
+from .layer import ATTENTION_CORES, AttentionWeights, StaticKVCache, gated_attention_static
 
 attention_triton_decode = triton_support.import_if_triton(".triton_decode_layer", __package__)  # None: no Triton
 

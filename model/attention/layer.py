@@ -26,10 +26,10 @@ from typing import Mapping
 import torch
 import torch.nn.functional as F
 
-from ..norm.rms_norm import RMS_NORM_PATHS, compute_dtype
 from ..dispatch.paths import ComputePath, PathTable
-from .rope import apply_partial_rope, rope_cos_sin
+from ..norm.rms_norm import RMS_NORM_PATHS, compute_dtype
 from ..rows import moved_keeping_rows, stack_rows, stacked_rows
+from .rope import apply_partial_rope, rope_cos_sin
 
 __all__ = [
     "AttentionDims",

@@ -42,9 +42,9 @@ import triton
 import triton.language as tl
 
 from ..dispatch import triton_support
-from .rope import rope_cos_sin
 from ..dispatch.triton_launch import PlansByOwner, PreparedLaunch
 from ..dispatch.triton_support import defined_interpreted
+from .rope import rope_cos_sin
 
 __all__ = ["INTERPRETED", "attention_decode_core", "rope_table", "unavailable_reason"]
 

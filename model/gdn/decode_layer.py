@@ -22,10 +22,10 @@ import torch
 import torch.nn.functional as F
 
 from ..dispatch import triton_support
+from ..dispatch.paths import LOW_PRECISION, ComputePath, PathTable, always_float64
 from ..dispatch.scope import scoped
 from ..dispatch.table import served_path
 from ..norm.rms_norm import GATED_NORM_PATHS
-from ..dispatch.paths import LOW_PRECISION, ComputePath, PathTable, always_float64
 from .conv import CONV_PATHS
 from .rule import GDN_RULE_PATHS
 from .staged import staged_layer

@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from ..dispatch import triton_support
+from ..dispatch.paths import LOW_PRECISION, ComputePath, PathTable, always_float64
 from ..dispatch.scope import scoped
 from ..dispatch.table import table_path_for
-from ..dispatch.paths import LOW_PRECISION, ComputePath, PathTable, always_float64
 from .block import MoEWeights, moe_block_reference, shared_expert
 from .config import MoEConfig
 from .dispatch import dispatch_experts

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import triton_decode, triton_router
 from ..dispatch.triton_launch import LaunchPlan, PlansByOwner
+from . import triton_decode, triton_router
 from .block import MoEWeights
 from .triton_decode import SharedExpert
 

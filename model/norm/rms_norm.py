@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from ..dispatch import triton_support
+from ..dispatch.paths import LOW_PRECISION, ComputePath, PathTable, compute_dtype
 from ..dispatch.scope import scoped
 from ..dispatch.table import served_path
-from ..dispatch.paths import LOW_PRECISION, ComputePath, PathTable, compute_dtype
 
 norm_triton = triton_support.import_if_triton(".triton_rms_norm", __package__)  # None without Triton
 

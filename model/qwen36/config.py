@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..attention.layer import AttentionDims
-from ..gdn import GDNDims
 from ..attention.rope import rotary_dim_for
+from ..gdn import GDNDims
 
 __all__ = ["Qwen36Config", "ConfigError", "LAYER_KINDS"]
 

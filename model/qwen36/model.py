@@ -24,8 +24,8 @@ from typing import Callable, ContextManager, Union
 import torch
 import torch.nn.functional as F
 
-from ..attention.layer import ATTENTION_CORES, KVCache, gated_attention
 from ..attention.decode_layer import attention_static
+from ..attention.layer import ATTENTION_CORES, KVCache, gated_attention
 from ..dispatch.scope import one_dispatch_scope
 from ..gdn import CONV_PATHS, GDN_RULE_PATHS, GDNState, gdn_layer
 from ..moe import MoEConfig, MoEWeights, moe_block

@@ -53,8 +53,8 @@ import torch
 from model.moe import ROUTERS
 
 from ..core import seams
-from .moe_experts import ARCHITECTURES
 from ..core.registry import Patch
+from .moe_experts import ARCHITECTURES
 
 __all__ = ["PATCH", "SWITCH", "FAST_PATH", "FALLBACK_PATH", "ROUTED_LOG", "probe", "install", "uninstall",
            "substituted_layer_count", "routed_call_count"]

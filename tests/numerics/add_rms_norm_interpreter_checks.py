@@ -22,9 +22,9 @@ import pytest
 import torch
 from hypothesis import settings
 
+from model.dispatch.paths import LOW_PRECISION
 from model.norm import triton_rms_norm as norm_triton
 from model.norm.rms_norm import ADD_RMS_NORM_PATHS, rms_norm_reference
-from model.dispatch.paths import LOW_PRECISION
 from model.tolerances import ADD_NORM_PATHS
 from tests.numerics.compare import assert_close
 from tests.numerics.kernel_mutants import FALSIFY, load_mutant

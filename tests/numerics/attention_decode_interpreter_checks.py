@@ -21,8 +21,8 @@ from hypothesis import Phase, settings
 from hypothesis import strategies as st
 
 from model.attention import decode_layer as attention_decode, triton_decode_layer as attention_triton_decode
-from model.attention.layer import StaticKVCache
 from model.attention.decode_layer import ATTENTION_DECODE_LAYER_PATHS
+from model.attention.layer import StaticKVCache
 from model.tolerances import ATTENTION_DECODE_LAYER, ATTENTION_DECODE_LAYER_CACHE
 from tests.numerics.kernel_mutants import FALSIFY, load_mutant
 from tests.numerics.test_attention_decode_layer import (

@@ -19,8 +19,8 @@ import pytest
 import torch
 from hypothesis import settings
 
-from model.gdn import CONV_PATHS, conv, triton_conv
 from model.dispatch.paths import LOW_PRECISION
+from model.gdn import CONV_PATHS, conv, triton_conv
 from model.tolerances import GDN_CONV_PATHS
 from tests.numerics.kernel_mutants import FALSIFY, load_mutant
 from tests.numerics.test_gdn_conv import ConvCase, check_conv_path, conv_inputs, edge_cases

@@ -21,10 +21,10 @@ from hypothesis import Phase, settings
 from hypothesis import strategies as st
 
 from model import tolerances
+from model.dispatch.paths import LOW_PRECISION, ComputePath
 from model.dispatch.table import SCHEMA, TABLE_ENV, clear_table_cache
 from model.moe import MOE_BLOCK_PATHS, MoEConfig, moe_block, select_block_path, triton_decode, triton_router
 from model.moe.block_paths import FUSED_BLOCK_MAX_TOKENS
-from model.dispatch.paths import LOW_PRECISION, ComputePath
 from tests.numerics.compare import assert_close
 from tests.numerics.moe_cases import (
     BLOCK_ROUTING_PATTERNS, MoECase, block_reference, check_block_path, make_block_weights, make_hidden, moe_cases,

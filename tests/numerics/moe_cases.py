@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 import torch.nn.functional as F
 
+from model.dispatch.paths import ComputePath
 from model.moe import MoEConfig, MoEWeights, moe_block_reference, route_reference, shared_expert
 from model.moe.experts import ExpertPath, experts_magnitude, experts_reference
-from model.dispatch.paths import ComputePath
 from tests.numerics.compare import poisoned_like, relative_error
 
 # Dispatcher knobs the CPU can run (no Triton, no CUDA-only path): for properties of the whole block.

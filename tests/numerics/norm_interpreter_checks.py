@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from model.dispatch.paths import LOW_PRECISION
 from model.norm import triton_rms_norm as norm_triton
 from model.norm.rms_norm import GATED_NORM_PATHS, RMS_NORM_PATHS, gated_rms_norm_reference, rms_norm_reference
-from model.dispatch.paths import LOW_PRECISION
 from model.tolerances import NORM_PATHS
 from tests.numerics.compare import assert_close
 from tests.numerics.test_norm import EPS, NormCase, check_norm_path, edge_cases

@@ -25,8 +25,8 @@ import torch
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from model.norm.rms_norm import ADD_RMS_NORM_PATHS, rms_norm_fused, rms_norm_reference
 from model.dispatch.paths import LOW_PRECISION
+from model.norm.rms_norm import ADD_RMS_NORM_PATHS, rms_norm_fused, rms_norm_reference
 from model.tolerances import ADD_NORM_PATHS
 from tests.numerics.compare import relative_error
 from tests.numerics.gdn_attention_cases import generator, randn

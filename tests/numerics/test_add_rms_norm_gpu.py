@@ -15,10 +15,10 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from model.norm import rms_norm as norm_paths
 from model.dispatch import triton_launch
-from model.norm.rms_norm import ADD_RMS_NORM_PATHS, rms_norm_reference
 from model.dispatch.paths import LOW_PRECISION
+from model.norm import rms_norm as norm_paths
+from model.norm.rms_norm import ADD_RMS_NORM_PATHS, rms_norm_reference
 from model.tolerances import ADD_NORM_PATHS
 from tests.numerics.compare import assert_close, relative_error
 from tests.numerics.gpu_timing import eager_wall_us, through_the_jit, write_gpu_report

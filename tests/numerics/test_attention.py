@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from model.attention.layer import ATTENTION_CORES, AttentionDims, KVCache, gated_attention
 from model.attention.rope import apply_partial_rope, rope_cos_sin
+from model.tolerances import ATTENTION_CORES as CORE_TOLERANCES, ATTENTION_PREFIX
 from tests.numerics.compare import assert_close, cpu_supports
 from tests.numerics.gdn_attention_cases import TINY_ATTENTION, generator, randn, random_attention_weights
-from model.tolerances import ATTENTION_CORES as CORE_TOLERANCES, ATTENTION_PREFIX
 
 F64, F32, BF16 = torch.float64, torch.float32, torch.bfloat16
 DTYPES = [d for d in (F64, F32, BF16) if cpu_supports(d)]

@@ -24,16 +24,16 @@ import torch
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from model.attention.layer import AttentionDims, AttentionWeights, StaticKVCache, gated_attention_static
 from model.attention.decode_layer import (
     ATTENTION_DECODE_LAYER_PATHS, attention_static, run_attention_decode_layer, select_attention_decode_layer_path,
     served_attention_decode_layer,
 )
-from model.dispatch.table import BLOCKS
+from model.attention.layer import AttentionDims, AttentionWeights, StaticKVCache, gated_attention_static
 from model.attention.rope import rope_cos_sin
+from model.dispatch.table import BLOCKS
 from model.tolerances import ATTENTION_CORES, ATTENTION_DECODE_LAYER, ATTENTION_DECODE_LAYER_CACHE
-from tests.numerics.dispatch_fixture import one_block_table
 from tests.numerics.compare import cpu_supports, relative_error
+from tests.numerics.dispatch_fixture import one_block_table
 from tests.numerics.gdn_attention_cases import generator, randn, random_attention_weights
 from tests.numerics.path_checks import path_params, run_property
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from model.attention.layer import AttentionDims
 from model.attention.decode_layer import ATTENTION_DECODE_LAYER_PATHS
+from model.attention.layer import AttentionDims
 from model.tolerances import ATTENTION_DECODE_LAYER, ATTENTION_DECODE_LAYER_CACHE
 from tests.numerics.gpu_timing import eager_wall_us, write_gpu_report
 from tests.numerics.test_attention_decode_layer import (

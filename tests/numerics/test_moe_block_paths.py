@@ -17,11 +17,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from model import tolerances
+from model.dispatch.paths import ComputePath
 from model.dispatch.table import DIR_ENV, SCHEMA, TABLE_ENV, clear_table_cache
 from model.moe import (
     MOE_BLOCK_PATHS, ROUTERS, MoEConfig, dispatch_experts, moe_block, select_block_path, shared_expert,
 )
-from model.dispatch.paths import ComputePath
 from tests.numerics.compare import cpu_supports
 from tests.numerics.moe_cases import (
     BLOCK_ROUTING_PATTERNS, MOE_CONFIGS, MoECase, check_block_path, make_block_weights, make_hidden, moe_cases,

@@ -18,8 +18,8 @@ import torch
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from model.norm.rms_norm import GATED_NORM_PATHS, RMS_NORM_PATHS, gated_rms_norm_reference, rms_norm_reference
 from model.dispatch.paths import PathTable
+from model.norm.rms_norm import GATED_NORM_PATHS, RMS_NORM_PATHS, gated_rms_norm_reference, rms_norm_reference
 from model.tolerances import NORM_PATHS
 from tests.numerics.compare import assert_close, relative_error
 from tests.numerics.gdn_attention_cases import generator, randn, uniform

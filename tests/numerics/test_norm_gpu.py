@@ -14,12 +14,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.norm.rms_norm import GATED_NORM_PATHS, RMS_NORM_PATHS, gated_rms_norm_reference, rms_norm_reference
 from model.dispatch.paths import LOW_PRECISION
+from model.norm.rms_norm import GATED_NORM_PATHS, RMS_NORM_PATHS, gated_rms_norm_reference, rms_norm_reference
 from model.tolerances import NORM_PATHS
 from tests.numerics.compare import assert_close
-from tests.numerics.test_norm import EPS, check_norm_path
 from tests.numerics.gpu_timing import eager_wall_us, write_gpu_report
+from tests.numerics.test_norm import EPS, check_norm_path
 
 pytestmark = pytest.mark.gpu
 

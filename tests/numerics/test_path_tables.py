@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import model.moe.expert_paths
-from model.attention.layer import ATTENTION_CORES
 from model.attention.decode_layer import ATTENTION_DECODE_LAYER_PATHS
+from model.attention.layer import ATTENTION_CORES
+from model.dispatch.paths import ComputePath, PathTable, always_float64
 from model.gdn import CONV_PATHS, GDN_RULE_PATHS
 from model.moe import EXPERT_PATHS, MOE_BLOCK_PATHS, ROUTERS
 from model.norm.rms_norm import ADD_RMS_NORM_PATHS, GATED_NORM_PATHS, RMS_NORM_PATHS
-from model.dispatch.paths import ComputePath, PathTable, always_float64
 
 F32 = torch.float32
 TABLES = {

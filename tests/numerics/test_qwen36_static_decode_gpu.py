@@ -13,9 +13,9 @@ import torch
 
 from harness.tune.measure.inputs import rank_config, rank_weights
 from harness.tune.measure.point import Settings
-from harness.tune.step.run import QWEN36_35B_A3B, TINY_MODEL
-from harness.tune.step.graph import measure_static_step
 from harness.tune.measure.timing import L2Flusher
+from harness.tune.step.graph import measure_static_step
+from harness.tune.step.run import QWEN36_35B_A3B, TINY_MODEL
 from model.dispatch.table import TABLE_ENV
 from model.moe import MoEConfig, select_expert_path
 from model.qwen36 import CapturableDecodeStep, Qwen36Config, Qwen36Model, Qwen36Paths

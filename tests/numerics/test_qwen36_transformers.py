@@ -16,9 +16,9 @@ from model.dispatch.table import SCHEMA, TABLE_ENV
 from model.moe import EXPERT_PATHS, MoEConfig, select_expert_path
 from model.moe.config import PREFILL_IMPLS, TINY_IMPLS
 from model.qwen36 import Qwen36Config, Qwen36Model, Qwen36Paths, Qwen36Weights
+from model.tolerances import MODEL_DECODE_VS_PREFILL_F32, TRANSFORMERS_MODEL_F32
 from tests.numerics.compare import assert_close, relative_error
 from tests.numerics.tiny_hf import LAYOUTS, save_tiny_checkpoint
-from model.tolerances import MODEL_DECODE_VS_PREFILL_F32, TRANSFORMERS_MODEL_F32
 
 PROMPT_TOKENS = 300  # crosses four 64-token chunks with a ragged tail
 NEW_TOKENS = 32

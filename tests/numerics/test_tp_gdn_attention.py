@@ -8,7 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model.attention.layer import AttentionDims
+from model.attention.layer import gated_attention
 from model.gdn import gdn_layer, qwen35_to_qwen3_next, qwen3_next_to_qwen35
+from model.tolerances import TP_GDN_ATTENTION_F64
 from model.tp import (
     gated_attention_tp,
     gather_gdn_state,
@@ -20,10 +22,8 @@ from model.tp import (
     shard_gdn_weights,
     shard_qwen3_next_projections,
 )
-from model.attention.layer import gated_attention
 from tests.numerics.compare import assert_close
 from tests.numerics.gdn_attention_cases import TP_GDN, generator, randn, random_attention_weights, random_gdn_state, random_gdn_weights
-from model.tolerances import TP_GDN_ATTENTION_F64
 
 F64 = torch.float64
 SEEDS = st.integers(0, 2**32 - 1)

@@ -18,8 +18,8 @@ from patches.api import (  # noqa: E402
 )
 from patches.core.registry import PatchState, apply_patches, missing_required  # noqa: E402
 from patches.settings import PatchSettings, api_patch_switches  # noqa: E402
-from tests.api_conformance.template_render import render_jinja  # noqa: E402
 from tests.api_conformance import vllm_parser as vp  # noqa: E402
+from tests.api_conformance.template_render import render_jinja  # noqa: E402
 
 API_PATCHES = (object_tool_arguments, stream_tool_marker, truncated_tool_arguments, nonstream_trailing_content,
                openai_errors, openai_error_codes)

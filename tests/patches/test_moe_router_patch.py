@@ -25,8 +25,8 @@ from vllm.model_executor.layers.fused_moe.router.cpu_router import CPURouter  # 
 from vllm.model_executor.layers.fused_moe.router.fused_topk_router import FusedTopKRouter  # noqa: E402
 
 from model.moe import ROUTERS, RouterPath, route_topk_softmax  # noqa: E402
-from patches.model_paths import moe_router  # noqa: E402
 from patches.core.registry import PatchState, apply_patches, format_table  # noqa: E402
+from patches.model_paths import moe_router  # noqa: E402
 from patches.settings import PatchSettings  # noqa: E402
 
 ON = PatchSettings.from_env({moe_router.SWITCH: "1"})

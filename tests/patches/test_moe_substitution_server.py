@@ -34,8 +34,8 @@ import httpx
 import pytest
 
 from harness.gates.servers import MOE_ON, MOE_SWITCH, NO_CACHE, ROUTER_SWITCH, by_name, exclusive
-from patches.model_paths import moe_experts, moe_router
 from patches.core.registry import PatchState, PatchStatus, format_table
+from patches.model_paths import moe_experts, moe_router
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

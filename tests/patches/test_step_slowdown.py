@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from patches.model_paths import step_slowdown
-from patches.settings import PatchSettings, PatchSettingsError
 from patches.model_paths.step_slowdown import Slowdown, SlowdownSource, parse_slowdown
+from patches.settings import PatchSettings, PatchSettingsError
 
 # The fake step's own time, on the fake clock below.
 STEP_S = 0.02

@@ -37,10 +37,10 @@ import pytest
 from harness.bench.run import PRESETS
 from harness.gates.confirm import ConfirmedVerdict, confirm
 from harness.gates.interleave import Arm, InterleavedRun, interleave
-from harness.gates.paired import PairedReport, PairedTolerances, paired_gate, report_markdown, write_paired_report
 from harness.gates.measure import STEADY_PREFIX_CACHE
-from harness.gates.servers import REFERENCE, TWIN, exclusive
 from harness.gates.measure import warm
+from harness.gates.paired import PairedReport, PairedTolerances, paired_gate, report_markdown, write_paired_report
+from harness.gates.servers import REFERENCE, TWIN, exclusive
 from tests.perf_gates.ci_design import MUST_FLAG, slowed
 
 pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.timing,

@@ -18,8 +18,8 @@ from model.dispatch.table import (
 )
 from model.gdn import (CONV_PATHS, GDN_DECODE_LAYER_PATHS, GDN_RULE_PATHS, GDNState, gdn_layer, select_conv_path,
                        select_gated_norm_path, select_rule_path)
-from model.norm.rms_norm import ADD_RMS_NORM_PATHS, GATED_NORM_PATHS
 from model.moe import EXPERT_PATHS, MOE_BLOCK_PATHS, MoEConfig, dispatch_experts, select_expert_path
+from model.norm.rms_norm import ADD_RMS_NORM_PATHS, GATED_NORM_PATHS
 from patches.model_paths import moe_experts
 from tests.numerics.gdn_attention_cases import TINY_GDN, generator, random_gdn_weights, randn
 from tests.numerics.moe_cases import MoECase, make_hidden, make_moe_weights, make_routing

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from harness.cli import main
-from harness.tune.ab.run import HEAD_ROOT, ABOptions, _setup, run_ab
 from harness.tune.ab.rule import SideSweeps, judge_ab
+from harness.tune.ab.run import HEAD_ROOT, ABOptions, _setup, run_ab
 from harness.tune.check.device_table import dispatching_by
 from harness.tune.check.plan import routine_plan, routine_points
 from harness.tune.check.rule import FLOORS, MIN_SWEEPS

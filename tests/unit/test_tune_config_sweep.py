@@ -17,9 +17,9 @@ import torch
 
 from harness.cli import main
 from harness.tune.configs import sweep as config_sweep
+from harness.tune.configs.choice import choose, config_expr, pasteable_table, summary_lines
 from harness.tune.measure import dims as D
 from harness.tune.measure.ceilings import ceilings_for
-from harness.tune.configs.choice import choose, config_expr, pasteable_table, summary_lines
 from harness.tune.measure.floors import Floor
 from harness.tune.measure.point import Measurement, Settings
 from harness.tune.measure.prune import Pruner

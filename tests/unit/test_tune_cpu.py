@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from harness.cli import main
-from model.dispatch.table import TABLE_ENV, clear_table_cache, load_dispatch_table
 from model.attention.decode_layer import select_attention_decode_layer_path
+from model.dispatch.table import TABLE_ENV, clear_table_cache, load_dispatch_table
 from model.gdn import select_conv_path, select_gated_norm_path, select_rule_path
 from model.moe import MoEConfig, select_expert_path
 from model.norm.rms_norm import select_add_rms_norm_path

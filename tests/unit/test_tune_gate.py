@@ -7,9 +7,9 @@ import pytest
 from harness.tune.check.plan import plan_check, ranking_block
 from harness.tune.check.rule import FLOORS, MIN_SWEEPS, judge_point, judge_stale, tolerance
 from harness.tune.measure.point import Measurement
+from harness.tune.measure.timing import Timing
 from harness.tune.table.record import append_run, keep_blocks, new_timings, recorded_points
 from harness.tune.table.sweeps import merge_sweeps
-from harness.tune.measure.timing import Timing
 
 RECORDED = [100.0, 102.0, 98.0, 104.0, 99.0, 101.0]  # two runs of three sweeps: slowest 104
 

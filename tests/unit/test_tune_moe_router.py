@@ -6,9 +6,9 @@ from unittest.mock import patch
 
 import torch
 
+from harness.tune.blocks.moe import sweep_moe_router
 from harness.tune.measure import dims as D
 from harness.tune.measure.point import Settings
-from harness.tune.blocks.moe import sweep_moe_router
 from harness.tune.measure.timing import L2Flusher
 from model.moe import ROUTERS, RouterPath, route_reference, route_topk_softmax
 

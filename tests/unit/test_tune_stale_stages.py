@@ -5,8 +5,8 @@ so the full check times every path of those blocks at the table's GDN points and
 path beats that default in every sweep. The routine check times none of them."""
 from __future__ import annotations
 
-from harness.tune.check.run import _judge_stale
 from harness.tune.check.plan import plan_check
+from harness.tune.check.run import _judge_stale
 from harness.tune.measure.point import Measurement
 
 

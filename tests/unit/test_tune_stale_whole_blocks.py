@@ -4,8 +4,8 @@ path measured beside them is faster in every sweep. The routed experts' own choi
 block's rows only, never against a fused block."""
 from __future__ import annotations
 
-from harness.tune.check.run import _judge_stale
 from harness.tune.check.plan import plan_check
+from harness.tune.check.run import _judge_stale
 from harness.tune.measure.point import Measurement
 
 

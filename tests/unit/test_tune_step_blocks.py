@@ -9,9 +9,9 @@ from unittest import mock
 import pytest
 import torch
 
+from harness.tune.blocks.attention_and_norm import sweep_add_rms_norm, sweep_attention_layer
 from harness.tune.measure import dims as D
 from harness.tune.measure.point import Settings
-from harness.tune.blocks.attention_and_norm import sweep_add_rms_norm, sweep_attention_layer
 from harness.tune.measure.timing import L2Flusher
 from model.attention.decode_layer import ATTENTION_DECODE_LAYER_PATHS
 from model.norm.rms_norm import ADD_RMS_NORM_PATHS

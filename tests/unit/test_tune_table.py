@@ -5,9 +5,9 @@ import json
 
 from harness.tune.measure.floors import Floor
 from harness.tune.measure.point import Measurement
+from harness.tune.measure.timing import Timing
 from harness.tune.table.build import build_table, write_table
 from harness.tune.table.targets import judge_targets
-from harness.tune.measure.timing import Timing
 from model.dispatch.table import load_dispatch_table
 
 

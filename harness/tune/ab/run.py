@@ -34,15 +34,15 @@ import torch
 
 from model.dispatch.table import TABLE_ENV, table_file_name
 
+from ..check.device_table import RECORD_COMMAND, TableRefused, dispatching_by, open_device_table
+from ..check.plan import routine_plan, routine_points
+from ..check.rule import MIN_SWEEPS, point_name
 from ..measure import dims as D
+from ..measure.progress import Progress
+from ..measure.timing import device_identity
+from ..table.report import verdict_sections
 from .rule import ABVerdict, SideSweeps, judge_ab
 from .worker import WorkerDied, WorkerProcess, WorkerRefused
-from ..check.plan import routine_plan, routine_points
-from ..check.device_table import RECORD_COMMAND, TableRefused, dispatching_by, open_device_table
-from ..check.rule import MIN_SWEEPS, point_name
-from ..measure.progress import Progress
-from ..table.report import verdict_sections
-from ..measure.timing import device_identity
 
 __all__ = ["ABOptions", "HEAD_ROOT", "run_ab", "run_ab_command"]
 

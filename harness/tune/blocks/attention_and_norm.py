@@ -15,8 +15,8 @@ from typing import Callable, Collection
 import torch
 
 from model import tolerances
-from model.attention.layer import AttentionDims, StaticKVCache
 from model.attention.decode_layer import ATTENTION_DECODE_LAYER_PATHS
+from model.attention.layer import AttentionDims, StaticKVCache
 from model.norm.rms_norm import ADD_RMS_NORM_PATHS
 
 from ..measure.ceilings import Ceilings

@@ -14,9 +14,9 @@ from model.gdn import GDN_DECODE_LAYER_PATHS, GDNDims, GDNState, gdn_gating, gdn
 from model.norm.rms_norm import GATED_NORM_PATHS
 
 from model import tolerances
-from ..table.block_rows import fused_layer_paths, is_layer_row
 from ..measure.inputs import gdn_hidden, gdn_weights, generator
 from ..measure.point import Measurement, Settings, check_error, measure
+from ..table.block_rows import fused_layer_paths, is_layer_row
 
 __all__ = ["time_gdn_layer", "LAYER_POINTS"]
 

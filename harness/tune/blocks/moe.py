@@ -14,13 +14,13 @@ from model.moe import (EXPERT_PATHS, MOE_BLOCK_PATHS, ROUTERS, MoEConfig, MoEWei
 from model.moe.experts import experts_magnitude
 
 from model import tolerances
-from ..table.block_rows import fused_block_paths
 from ..measure.ceilings import Ceilings
 from ..measure.dims import MoEDims
 from ..measure.floors import Floor, floor_of, moe_block_work, moe_experts_work
 from ..measure.inputs import moe_hidden, moe_routing, moe_weights
 from ..measure.point import Measurement, Settings, check_error, measure
 from ..measure.prune import Pruner
+from ..table.block_rows import fused_block_paths
 
 __all__ = ["ExpertPoint", "expert_point", "graphed_block_tokens", "measure_expert_fn", "sweep_moe_experts",
            "sweep_moe_block", "sweep_graphed_block", "sweep_moe_router", "unavailable_expert_paths"]

@@ -15,8 +15,8 @@ from model.dispatch.table import (
     CHECKOUT_TABLE_DIR, TABLE_ENV, DispatchTableError, clear_table_cache, load_dispatch_table, table_file_name,
 )
 
-from ..table.record import RecordedPoint, recorded_points
 from ..measure.timing import graphs_supported
+from ..table.record import RecordedPoint, recorded_points
 
 __all__ = ["RECORD_COMMAND", "TableRefused", "DeviceTable", "dispatching_by", "open_device_table"]
 

@@ -18,29 +18,29 @@ import torch
 from model.gdn import select_decode_layer_path, select_rule_path
 from model.moe import MoEConfig, select_block_path, select_expert_path
 
+from ..blocks.attention_and_norm import sweep_add_rms_norm, sweep_attention_layer
+from ..blocks.gdn import sweep_gdn
+from ..blocks.gdn_layer import time_gdn_layer
+from ..blocks.gdn_stages import sweep_gated_norm, sweep_gdn_conv
+from ..blocks.moe import sweep_moe_block, sweep_moe_experts
 from ..measure import dims as D
-from .add_run import add_run
-from ..table.block_rows import COMPOSED, STAGED, block_choice, fused_layer_paths
 from ..measure.ceilings import ceilings_for
+from ..measure.point import Measurement, Settings
+from ..measure.progress import Progress
+from ..measure.prune import Pruner
+from ..measure.timing import L2Flusher, device_identity, warm_device
+from ..step.point import StepPoints, step_model_config
+from ..table.block_rows import COMPOSED, STAGED, block_choice, fused_layer_paths
+from ..table.record import RecordedPoint, run_meta
+from ..table.report import verdict_sections
+from ..table.sweeps import merge_sweeps
+from .add_run import add_run
 from .device_table import RECORD_COMMAND, TableRefused, dispatching_by, open_device_table
+from .inject import InjectError, injected_delays, parse_injections
 from .plan import (
     PATH_BLOCKS, STAGE_DEFAULTS, CheckPlan, layer_paths_to_time, plan_check, ranking_block, routine_plan,
 )
 from .rule import FLOORS, MIN_SWEEPS, PointVerdict, StaleVerdict, judge_point, judge_stale
-from ..blocks.gdn import sweep_gdn
-from ..blocks.gdn_layer import time_gdn_layer
-from ..blocks.gdn_stages import sweep_gated_norm, sweep_gdn_conv
-from .inject import InjectError, injected_delays, parse_injections
-from ..measure.point import Measurement, Settings
-from ..blocks.moe import sweep_moe_block, sweep_moe_experts
-from ..measure.progress import Progress
-from ..measure.prune import Pruner
-from ..table.record import RecordedPoint, run_meta
-from ..table.report import verdict_sections
-from ..blocks.attention_and_norm import sweep_add_rms_norm, sweep_attention_layer
-from ..table.sweeps import merge_sweeps
-from ..measure.timing import L2Flusher, device_identity, warm_device
-from ..step.point import StepPoints, step_model_config
 
 __all__ = ["run_check"]
 

@@ -14,15 +14,15 @@ from typing import Callable, Mapping
 
 from model.moe import EXPERT_PATHS
 
+from ..blocks.moe import expert_point, measure_expert_fn
 from ..measure.ceilings import Ceilings
-from .choice import choose, config_expr, pasteable_table, summary_lines
 from ..measure.dims import MoEDims
 from ..measure.inputs import moe_weights
 from ..measure.point import Measurement, Settings
-from ..blocks.moe import expert_point, measure_expert_fn
-from .precompile import precompile
 from ..measure.prune import Pruner
 from ..table.report import Section
+from .choice import choose, config_expr, pasteable_table, summary_lines
+from .precompile import precompile
 
 __all__ = ["why_no_config_sweep", "config_sweep_steps", "sweep_configs", "config_sweep_section"]
 

@@ -37,9 +37,9 @@ from ..measure.floors import Work, decode_step_bytes, floor_of
 from ..measure.inputs import generator, rank_config, rank_weights
 from ..measure.point import Settings
 from ..measure.progress import Progress
+from ..measure.timing import L2Flusher, Timing, time_eager, warm_device
 from .graph import GraphResult, measure_static_step
 from .report import format_step_table, write_step_report
-from ..measure.timing import L2Flusher, Timing, time_eager, warm_device
 
 __all__ = ["run_step", "model_config", "BlockClock", "count_device_work", "StepRow", "STEP_BATCHES", "STEP_PREFILL",
            "QWEN36_35B_A3B", "TINY_MODEL"]

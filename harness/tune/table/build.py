@@ -19,8 +19,8 @@ from model.gdn import CONV_PATHS, GDN_RULE_PATHS
 from model.moe import EXPERT_PATHS, MOE_BLOCK_PATHS
 from model.norm.rms_norm import GATED_NORM_PATHS
 
-from .block_rows import block_choice
 from ..measure.point import Measurement
+from .block_rows import block_choice
 from .record import keep_blocks
 
 __all__ = ["ranked", "winners", "build_table", "write_table", "table_serving"]

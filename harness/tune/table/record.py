@@ -17,8 +17,8 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
-from .block_rows import is_layer_row
 from ..measure.point import Measurement
+from .block_rows import is_layer_row
 
 __all__ = ["RecordedPoint", "RECORDED_BLOCKS", "new_timings", "append_run", "recorded_points", "keep_blocks",
            "run_meta"]

@@ -5,8 +5,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .block_rows import is_layer_row
 from ..measure.point import Measurement
+from .block_rows import is_layer_row
 from .targets import Verdict
 
 __all__ = ["Section", "format_rows", "layer_breakdown", "write_report", "verdict_sections"]

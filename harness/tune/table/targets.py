@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .block_rows import is_layer_row
 from ..measure.point import Measurement
+from .block_rows import is_layer_row
 
 __all__ = ["Verdict", "judge_targets"]
 
