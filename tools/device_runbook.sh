@@ -6,7 +6,7 @@
 # (ignored by git, so it stays on a warm machine for the next call).
 #   machine      GPU, driver, CPU, kernel, torch and triton versions
 #   ceilings     tools/ceilings_probe.py: HBM copy bandwidth and bf16 GEMM rate
-#   step-notable `qwen36 tune step` at B = 1, 8 with no table for this GPU (what a new GPU serves by default)
+#   step-notable `qwen36 tune step` at B = 1, 8 (STEP_BATCHES=) with no table for this GPU (what a new GPU serves)
 #   record       `qwen36 tune`: records this GPU's table (and report) into $R/table, copied to .devrun/table
 #   check        `qwen36 tune --check` against the table recorded here (TABLE= overrides)
 #   step         `qwen36 tune step` at B = 1, 8 with that table
@@ -31,7 +31,7 @@ for stage in "$@"; do
       python3 tools/ceilings_probe.py --out "$R/ceilings.json" 2>&1 | tee "$R/ceilings.txt" ;;
     step-notable)
       mkdir -p /tmp/no-tables
-      QWEN36_DISPATCH_DIR=/tmp/no-tables timeout 300 python3 -m harness.tune step --step-batches 1,8 --no-progress \
+      QWEN36_DISPATCH_DIR=/tmp/no-tables timeout 300 python3 -m harness.tune step --step-batches ${STEP_BATCHES:-1,8} --no-progress \
         --report-dir "$R/step-notable" 2>&1 | tail -40 ;;
     record)
       timeout 420 python3 -m harness.tune --no-progress --table-dir "$R/table" --report-dir "$R/tune" 2>&1 | tail -60
