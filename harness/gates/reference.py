@@ -38,6 +38,11 @@ from harness.serving.shared_server import ServerInfo
 MOVE_COMMAND = "qwen36 reference move"
 # pyproject.toml's fields that decide what the environment holds.
 _DEPENDENCY_FIELDS = ("requires-python", "dependencies", "optional-dependencies")
+# The extras `make venv` installs (Makefile: `-e '.[test,server]'`), the environment the reference's server runs
+# in: only these can make it unrunnable. An extra that environment never installs (`gpu`, `gpu-test`) changes
+# nothing there, so adding one needs no move of the reference. tests/unit/test_gate_reference_dependencies.py
+# holds this equal to the Makefile's.
+ENVIRONMENT_EXTRAS = ("test", "server")
 _READY = re.compile(r"^ready: (http://\S+)", re.MULTILINE)
 
 
@@ -79,8 +84,11 @@ def move_reference(rev: str = "HEAD", note: str = "", path: Path = REFERENCE_FIL
 
 
 def dependencies(pyproject_text: str) -> dict:
+    """What a pyproject asks the server's environment for: Python, the dependencies, the extras it installs."""
     project = tomllib.loads(pyproject_text).get("project", {})
-    return {name: project.get(name) for name in _DEPENDENCY_FIELDS}
+    extras = project.get("optional-dependencies") or {}
+    return {"requires-python": project.get("requires-python"), "dependencies": project.get("dependencies"),
+            "optional-dependencies": {name: extras.get(name) for name in ENVIRONMENT_EXTRAS}}
 
 
 def dependency_differences(commit: str, root: Path = REPO_ROOT) -> list[str]:
