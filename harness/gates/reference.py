@@ -86,9 +86,10 @@ def move_reference(rev: str = "HEAD", note: str = "", path: Path = REFERENCE_FIL
 def dependencies(pyproject_text: str) -> dict:
     """What a pyproject asks the server's environment for: Python, the dependencies, the extras it installs."""
     project = tomllib.loads(pyproject_text).get("project", {})
-    extras = project.get("optional-dependencies") or {}
-    return {"requires-python": project.get("requires-python"), "dependencies": project.get("dependencies"),
-            "optional-dependencies": {name: extras.get(name) for name in ENVIRONMENT_EXTRAS}}
+    asked = {name: project.get(name) for name in _DEPENDENCY_FIELDS}
+    extras = asked["optional-dependencies"] or {}
+    asked["optional-dependencies"] = {name: extras.get(name) for name in ENVIRONMENT_EXTRAS}
+    return asked
 
 
 def dependency_differences(commit: str, root: Path = REPO_ROOT) -> list[str]:

@@ -14,6 +14,7 @@ from model.gdn import select_conv_path, select_gated_norm_path
 from model.moe import MoEConfig, select_block_path, select_expert_path
 from model.norm.rms_norm import select_add_rms_norm_path
 
+from ..step.point import STEP_BLOCK, STEP_PATH
 from ..table.block_rows import COMPOSED, fused_layer_paths
 from ..table.record import RecordedPoint
 
@@ -25,7 +26,6 @@ PATH_BLOCKS = ("moe_experts", "gdn_prefill", "gdn_decode", "gdn_conv", "gdn_gate
                "add_rms_norm")
 
 MOE_BLOCK, LAYER_BLOCKS = "moe_block", ("gdn_layer_decode", "gdn_layer_prefill")
-STEP_BLOCK, STEP_PATH = "decode_step", "served"  # the whole decode step's rows (harness/tune/step/point.py)
 # The blocks added to the table after tables were recorded without them (the staged GDN layer's stages, the
 # attention decode layer, the add + RMSNorm), and the path each serves where a table has no entry (no device
 # given: the model's default).

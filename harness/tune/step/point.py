@@ -20,11 +20,11 @@ import torch
 from model.qwen36 import Qwen36Config, Qwen36Model, Qwen36Paths
 
 from ..measure import dims as D
-from ..measure.inputs import generator, rank_config, rank_weights
+from ..measure.inputs import rank_config, rank_weights
 from ..measure.point import Measurement, Settings
 from ..measure.timing import time_eager
 from .graph import measure_static_step
-from .run import QWEN36_35B_A3B, STEP_PREFILL, TINY_MODEL
+from .run import QWEN36_35B_A3B, STEP_PREFILL, TINY_MODEL, prefilled
 
 __all__ = ["STEP_BLOCK", "STEP_GATE_BATCHES", "STEP_PATH", "StepPoints", "step_model_config"]
 
@@ -54,12 +54,8 @@ class StepPoints:
     def _state(self, batch: int):
         if self._model is None:
             self._model = Qwen36Model(rank_weights(self.config, self.s.dtype, self.s.device), Qwen36Paths())
-        if batch not in self._prefilled:
-            s = self.s
-            prompt = torch.randint(0, self.config.vocab_size, (batch, self.prefill),
-                                   generator=generator(s.device, 90_000 + batch), device=s.device)
-            logits, cache = self._model.forward(prompt)
-            self._prefilled[batch] = (logits[:, -1].argmax(-1, keepdim=True), cache)
+        if batch not in self._prefilled:  # the prompt `qwen36 tune step` times its step after
+            self._prefilled[batch] = prefilled(self._model, batch, self.prefill, self.s.device)
         return self._model, *self._prefilled[batch]
 
     def measure(self, batch: int, tick: Callable[[str], None]) -> Measurement:

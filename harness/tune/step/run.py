@@ -248,6 +248,19 @@ def _paths(model: Qwen36Model, batch: int, s: Settings) -> dict[str, str]:
     return paths
 
 
+def prefilled(model: Qwen36Model, batch: int, prefill: int, device: torch.device) -> tuple[torch.Tensor, object]:
+    """(the next token ids [batch, 1], the cache) after `prefill` seeded random tokens per sequence."""
+    # Token ids from this rank's slice of the vocabulary (the per-rank embedding holds vocab/tp rows).
+    prompt = torch.randint(0, model.config.vocab_size, (batch, prefill), generator=generator(device, 90_000 + batch),
+                           device=device)
+    logits, cache = model.forward(prompt)
+    if not torch.isfinite(logits[:, -1]).all():
+        raise StepError("the prefill's logits are not finite: the random weights' scales "
+                        "(harness/tune/measure/inputs.py rank_weights) let activations overflow at these dims; lower "
+                        "them there")
+    return logits[:, -1].argmax(-1, keepdim=True), cache
+
+
 def measure_batch(model: Qwen36Model, batch: int, prefill: int, s: Settings, ceilings, tick) -> StepRow:
     cfg = model.config
     row = StepRow(batch, prefill + 1)
@@ -256,16 +269,7 @@ def measure_batch(model: Qwen36Model, batch: int, prefill: int, s: Settings, cei
     row.floor_us = {k: floor_of(Work(b, 0.0), ceilings).hbm_us for k, b in row.bytes.items()}
     row.paths = _paths(model, batch, s)
     tick(f"B={batch}: prefill {prefill} tokens")
-    # Token ids from this rank's slice of the vocabulary (the per-rank embedding holds vocab/tp rows).
-    prompt = torch.randint(0, cfg.vocab_size, (batch, prefill), generator=generator(s.device, 90_000 + batch),
-                           device=s.device)
-    logits, cache = model.forward(prompt)
-    if not torch.isfinite(logits[:, -1]).all():
-        raise StepError("the prefill's logits are not finite: the random weights' scales "
-                        "(harness/tune/measure/inputs.py rank_weights) let activations overflow at these dims; lower "
-                        "them there")
-    ids = logits[:, -1].argmax(-1, keepdim=True)
-    del logits, prompt
+    ids, cache = prefilled(model, batch, prefill, s.device)
     # Every sample is the same step, at position prefill + 1 from the prefilled cache (the model never
     # modifies a cache it is given).
     tick(f"B={batch}: {s.reps} timed decode steps")
