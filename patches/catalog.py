@@ -7,11 +7,13 @@ from .api import (
     truncated_tool_arguments,
 )
 from .core.registry import Patch
-from .model_paths import moe_experts, moe_router
+from .model_paths import moe_experts, moe_router, served_gdn, served_norms
 
 PATCHES: tuple[Patch, ...] = (
     moe_experts.PATCH,
     moe_router.PATCH,  # the MoE router by model.moe.ROUTERS
+    served_norms.PATCH,  # residual add + RMSNorm and the gated RMSNorm, by the device's table (registry)
+    served_gdn.PATCH,  # the GDN layer's decode-only steps over vLLM's state, by the device's table (registry)
     object_tool_arguments.PATCH,  # deviation object-tool-call-arguments-rejected
     stream_tool_marker.PATCH,  # deviation stream-leaks-tool-call-marker-into-content
     truncated_tool_arguments.PATCH,  # deviation truncated-forced-tool-call-reports-empty-arguments

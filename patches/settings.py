@@ -32,10 +32,11 @@ from . import catalog
 from .core.registry import Patch
 from .model_paths.step_slowdown import SlowdownError, SlowdownSource
 
-__all__ = ["TABLE_LOGGED_ENV", "PATCH_SET_ENV", "PatchSettings", "PatchSettingsError", "api_patch_switches",
+__all__ = ["TABLE_LOGGED_ENV", "PATCH_SET_ENV", "SERVED_FORCE_ENV", "PatchSettings", "PatchSettingsError", "api_patch_switches",
            "table_already_logged", "mark_table_logged", "clear_table_logged"]
 
 TABLE_LOGGED_ENV = "QWEN36_PATCH_TABLE_LOGGED"
+SERVED_FORCE_ENV = "QWEN36_SERVED_BLOCKS_FORCE"
 PATCH_SET_ENV = "QWEN36_PATCHES"
 ALL_PATCHES = "all"
 
@@ -52,6 +53,9 @@ class PatchSettings:
     # Not a patch: the perf gates' test-only slowdown (patches/model_paths/step_slowdown.py); off unless its variables
     # are set.
     step_slowdown: SlowdownSource = field(default_factory=SlowdownSource)
+    # The served blocks (patches/model_paths/served_choice.py): the model's path also where the device's table leaves
+    # vLLM's own (tests: every seam adapter runs on a CPU server). Not a patch switch: it changes no patch's on/off.
+    served_force: bool = False
 
     def is_on(self, name: str) -> bool:
         if name not in self.switches:
@@ -73,7 +77,8 @@ class PatchSettings:
             slowdown = SlowdownSource.from_env(env)
         except SlowdownError as exc:
             raise PatchSettingsError(str(exc)) from None
-        return cls(patches, switches, MoEConfig.from_env(env), slowdown)
+        force = env_bool(env, SERVED_FORCE_ENV, False, PatchSettingsError)
+        return cls(patches, switches, MoEConfig.from_env(env), slowdown, force)
 
 
 def patch_set(environ: Mapping[str, str], patches: tuple[Patch, ...]) -> set[str]:

@@ -9,8 +9,10 @@ on the same machine (harness.gates.interleave, harness.gates.paired), so the mac
 - `no-cache`: prefix caching off (and eager, which a count of cached tokens cannot see): the cache hit rate
   regression, and the MoE substitution test's "off" side. Started with an API key: the suites' --api-key is
   tested against it.
-- `moe-on`: `no-cache` with the patch set's MoE substitutions on (routed experts and router): the MoE substitution
-  test's "on" side.
+- `moe-on`: `no-cache` with the patch set's compute substitutions on: the routed experts and the router, and the
+  served blocks (residual add + RMSNorm, gated RMSNorm, the GDN decode layer) forced to the model's paths where
+  the CPU has no table (QWEN36_SERVED_BLOCKS_FORCE=1), so every seam adapter runs: the substitution tests' "on"
+  side.
 - `reference`: the performance reference commit's own server (harness.gates.reference), for the slower-commit
   gate.
 
@@ -54,10 +56,15 @@ NO_CACHE = "no-cache"
 MOE_ON = "moe-on"
 REFERENCE = "reference"
 
-# The patch set's MoE substitution switches (patches/catalog.py), on in the moe-on server: the routed experts and
-# the router.
+# The patch set's compute substitution switches (patches/catalog.py), on in the moe-on server: the routed experts,
+# the router and the served blocks, forced (patches/model_paths/served_choice.py).
 MOE_SWITCH = "QWEN36_PATCH_MOE"
 ROUTER_SWITCH = "QWEN36_PATCH_ROUTER"
+SERVED_NORMS_SWITCH = "QWEN36_PATCH_SERVED_NORMS"
+SERVED_GDN_SWITCH = "QWEN36_PATCH_SERVED_GDN"
+SERVED_FORCE = "QWEN36_SERVED_BLOCKS_FORCE"
+SUBSTITUTIONS_ON = ((MOE_SWITCH, "1"), (ROUTER_SWITCH, "1"), (SERVED_NORMS_SWITCH, "1"), (SERVED_GDN_SWITCH, "1"),
+                    (SERVED_FORCE, "1"))
 # Prefix caching off; eager, which a count of cached tokens cannot see and which spares the start torch.compile.
 NO_CACHE_ARGS = ("--no-enable-prefix-caching", "--enforce-eager")
 
@@ -75,7 +82,7 @@ COMPARED: tuple[ComparedServer, ...] = (
     ComparedServer(TWIN, kv_gib=SESSION_KV_GIB),  # every setting the session's
     # Both answer only requests with the session's key (vLLM's --api-key): what a client's --api-key is tested on.
     ComparedServer(NO_CACHE, NO_CACHE_ARGS, keyed=True),
-    ComparedServer(MOE_ON, NO_CACHE_ARGS, env=((MOE_SWITCH, "1"), (ROUTER_SWITCH, "1")), keyed=True),
+    ComparedServer(MOE_ON, NO_CACHE_ARGS, env=SUBSTITUTIONS_ON, keyed=True),
 )
 
 

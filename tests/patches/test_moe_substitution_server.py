@@ -1,7 +1,10 @@
-"""End-to-end: the plugin's MoE substitution on the real tiny vLLM CPU server gives vLLM's greedy outputs.
+"""End-to-end: the plugin's compute substitutions on the real tiny vLLM CPU server give vLLM's greedy outputs.
 
 Both servers are harness.gates.servers': "on" is moe-on, which has QWEN36_PATCH_MOE=1 and QWEN36_PATCH_ROUTER=1 (the
-routed experts by model.moe.dispatch_experts, the router by model.moe.ROUTERS); "off" is no-cache (the perf gates'
+routed experts by model.moe.dispatch_experts, the router by model.moe.ROUTERS) and the served blocks forced on
+(QWEN36_PATCH_SERVED_NORMS=1, QWEN36_PATCH_SERVED_GDN=1, QWEN36_SERVED_BLOCKS_FORCE=1: the residual add + RMSNorm,
+the gated RMSNorm and the GDN decode layer over vLLM's own state by the model's paths, which a CPU without a table
+would leave to vLLM); "off" is no-cache (the perf gates'
 prefix-caching regression), with the substitution off (read from its log); their start commands are
 the same (checked), and both want the session's API key. Neither caches: prompts of 9-15 tokens are prefilled in
 one step by both (checked from the usage; the "off" server must report no cached token). Both are eager: the
@@ -11,7 +14,14 @@ no-cache gate's requests wait), so each server decodes with T=1 (decode_fused) a
 sorted path), which the "on" server's log must show ran. Longer token counts of the sorted path are the numerics
 suite's (tests/numerics/test_moe_expert_paths.py). The "on" server's log must also show the router substitution
 ran: its status row `applied`, the line `qwen36 moe_router: N layers routed by model.moe <path>` with N > 0 and a
-path of the two it chooses from (`topk_softmax` on this CPU server), and no router left to vLLM.
+path of the two it chooses from (`topk_softmax` on this CPU server), and no router left to vLLM; and each served
+block's first call by a model path (`qwen36 served <block>: model path <path>`).
+
+Sequential requests decode at B = 1, where a mix-up between requests' state rows cannot show; a second round sends
+the prompts together (`greedy_together`), so the served GDN decode layer gathers and writes back several requests'
+rows of vLLM's caches in one step (a wrong state index there gives another request's continuation). Each request's
+answer is compared alone: which requests share a step depends on timing, and neither side's per-request result
+depends on it beyond rounding.
 
 Rule: the top-1 tokens agree and every token's logprob agrees within LOGPROB_TOL nats, with one allowance:
 the sequences may part at a near-tie, a step where the "off" server's own top-2 logprobs (logprobs=2) are
@@ -28,14 +38,19 @@ from __future__ import annotations
 
 import re
 import shlex
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
-from harness.gates.servers import MOE_ON, MOE_SWITCH, NO_CACHE, ROUTER_SWITCH, by_name, exclusive
+from harness.gates.servers import (
+    MOE_ON, MOE_SWITCH, NO_CACHE, ROUTER_SWITCH, SERVED_FORCE, SERVED_GDN_SWITCH, SERVED_NORMS_SWITCH, SUBSTITUTIONS_ON,
+    by_name, exclusive,
+)
 from patches.core.registry import PatchState, PatchStatus, format_table
-from patches.model_paths import moe_experts, moe_router
+from patches.model_paths import moe_experts, moe_router, served_gdn, served_norms
+from patches.settings import SERVED_FORCE_ENV
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -51,19 +66,26 @@ PROMPTS = (
 )
 
 
-def greedy(base_url: str, model: str, api_key: str | None) -> list[dict]:
-    out = []
+def _one(base_url: str, model: str, api_key: str | None, prompt: str) -> dict:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    for prompt in PROMPTS:
-        r = httpx.post(f"{base_url}/v1/completions", timeout=300, headers=headers, json={
-            "model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": 2, "seed": 0})
-        assert r.status_code == 200, f"{base_url} answered {prompt!r} with {r.status_code}: {r.text[:500]}"
-        lp = r.json()["choices"][0]["logprobs"]
-        details = r.json()["usage"].get("prompt_tokens_details") or {}
-        out.append({"prompt": prompt, "tokens": lp["tokens"], "logprobs": lp["token_logprobs"],
-                    "top": lp["top_logprobs"], "cached_tokens": details.get("cached_tokens"),
-                    "prompt_tokens": r.json()["usage"]["prompt_tokens"]})
-    return out
+    r = httpx.post(f"{base_url}/v1/completions", timeout=300, headers=headers, json={
+        "model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": 2, "seed": 0})
+    assert r.status_code == 200, f"{base_url} answered {prompt!r} with {r.status_code}: {r.text[:500]}"
+    lp = r.json()["choices"][0]["logprobs"]
+    details = r.json()["usage"].get("prompt_tokens_details") or {}
+    return {"prompt": prompt, "tokens": lp["tokens"], "logprobs": lp["token_logprobs"], "top": lp["top_logprobs"],
+            "cached_tokens": details.get("cached_tokens"), "prompt_tokens": r.json()["usage"]["prompt_tokens"]}
+
+
+def greedy(base_url: str, model: str, api_key: str | None) -> list[dict]:
+    """PROMPTS one after another: every decode step at B = 1."""
+    return [_one(base_url, model, api_key, prompt) for prompt in PROMPTS]
+
+
+def greedy_together(base_url: str, model: str, api_key: str | None) -> list[dict]:
+    """PROMPTS sent at once: decode steps of several requests (in PROMPTS' order in the result)."""
+    with ThreadPoolExecutor(max_workers=len(PROMPTS)) as pool:
+        return list(pool.map(lambda prompt: _one(base_url, model, api_key, prompt), PROMPTS))
 
 
 def compare(on: list[dict], off: list[dict], tol: float = LOGPROB_TOL) -> tuple[list[str], list[str], float]:
@@ -123,12 +145,20 @@ def _without_port(command: str) -> list[str]:
     return parts[:i] + parts[i + 2:]
 
 
-def test_the_on_server_is_the_off_server_with_the_moe_switch():
+def test_the_on_server_is_the_off_server_with_the_substitution_switches():
     assert MOE_SWITCH == moe_experts.PATCH.switch and ROUTER_SWITCH == moe_router.PATCH.switch
+    assert SERVED_NORMS_SWITCH == served_norms.PATCH.switch and SERVED_GDN_SWITCH == served_gdn.PATCH.switch
+    assert SERVED_FORCE == SERVED_FORCE_ENV
     on, off = by_name(MOE_ON), by_name(NO_CACHE)
-    assert dict(on.env) == {MOE_SWITCH: "1", ROUTER_SWITCH: "1"} and not off.env
+    assert dict(on.env) == dict(SUBSTITUTIONS_ON) and set(dict(on.env).values()) == {"1"} and not off.env
     assert on.extra_args == off.extra_args and on.keyed == off.keyed
 
+
+# `qwen36 served <block>: model path <path>` (patches/model_paths/served_choice.py), first call of each.
+SERVED_LOG = re.compile(r"qwen36 served (\w+): model path (\w+)")
+# Forced on a CPU without a table, each served block runs its model dispatcher's default here: the staged GDN decode
+# layer (torch ops; the fused one is Triton's), torch's add + RMSNorm and gated norm.
+SERVED_ON_THIS_CPU = {"add_rms_norm": "fused", "gdn_gated_norm": "fused", "gdn_layer_decode": "staged"}
 
 # The longest prompt both servers prefill in one step: vLLM's smallest step (max_num_batched_tokens >= max_num_seqs).
 ONE_STEP_TOKENS = 16
@@ -143,8 +173,10 @@ def test_moe_substitution_on_gives_the_same_greedy_outputs_as_off(compared_serve
     assert sorted(_without_port(off_server.command)) == sorted(_without_port(on_server.command))
     with exclusive(off_server):
         off = greedy(off_server.base_url, off_server.model, off_server.api_key)
+        off_together = greedy_together(off_server.base_url, off_server.model, off_server.api_key)
     with exclusive(on_server):
         on = greedy(on_server.base_url, off_server.model, on_server.api_key)
+        on_together = greedy_together(on_server.base_url, off_server.model, on_server.api_key)
     assert [o["cached_tokens"] for o in off] == [0] * len(PROMPTS), "the off server served cached prompt tokens"
     lengths = [o["prompt_tokens"] for o in off]
     assert all(9 <= n <= ONE_STEP_TOKENS for n in lengths), f"prompt tokens {lengths}: not one sorted-path step"
@@ -152,12 +184,15 @@ def test_moe_substitution_on_gives_the_same_greedy_outputs_as_off(compared_serve
     assert moe_state_in_log(on_log) == PatchState.APPLIED.value
     assert "first call on path 'decode_fused'" in on_log  # the substitution really served the decode steps
     assert "first call on path 'sorted'" in on_log
+    served = dict(SERVED_LOG.findall(on_log))
+    assert served == SERVED_ON_THIS_CPU, f"served blocks in {on_server.log_path}: {served}"
 
-    problems, partings, worst = compare(on, off)
-    assert not problems, f"largest logprob difference {worst:.4f}; " + "; ".join(problems)
-    identical = sum(a["tokens"] == b["tokens"] for a, b in zip(on, off))
-    print(f"\non/off: {identical}/{len(PROMPTS)} prompts token-identical over {MAX_TOKENS} tokens; "
-          f"max |dlogprob| {worst:.4f} nats; near-tie partings: {partings or 'none'}")
+    for label, a, b in (("one at a time", on, off), ("together", on_together, off_together)):
+        problems, partings, worst = compare(a, b)
+        assert not problems, f"{label}: largest logprob difference {worst:.4f}; " + "; ".join(problems)
+        identical = sum(x["tokens"] == y["tokens"] for x, y in zip(a, b))
+        print(f"\non/off, {label}: {identical}/{len(PROMPTS)} prompts token-identical over {MAX_TOKENS} tokens; "
+              f"max |dlogprob| {worst:.4f} nats; near-tie partings: {partings or 'none'}")
 
 
 def test_the_on_server_routed_by_model_moe(compared_servers):

@@ -1,0 +1,246 @@
+"""The GDN layer's decode steps served by the model's decode-layer paths over vLLM's own state, through vLLM's
+out-of-tree registry.
+
+Seam (vLLM 0.32): `QwenGatedDeltaNetAttention` (a `PluggableLayer`, `qwen_gated_delta_net_attention`,
+vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py), the linear-attention layer of Qwen3-Next and
+Qwen3.5. The substitute subclasses it, so weights, loading, the state cache vLLM allocates for it and every batch
+the model's path does not serve stay vLLM's.
+
+What it serves: a decode-only step (vLLM's GDN metadata for this layer says no prefill, no speculative tokens,
+one token per request), block `gdn_layer_decode`, keyed by the batch (model.gdn.GDN_DECODE_LAYER_PATHS):
+- `staged`: the model's blocks one after another (conv, gating, delta rule, gated norm; each its own serving
+  choice), torch ops: what runs on a CPU;
+- `triton`: the fused Triton kernel for conv, gating, rule and gated norm (model.gdn.triton_decode_layer) over the
+  gathered rows of this step's requests.
+Prefill and mixed prefill + decode steps run vLLM's own layer: vLLM's chunked kernels (FLA's on GPUs, its C++ ones
+on CPUs) write the state a decode step then reads, and a prefill runs once per request where the decode step runs
+once per output token, so the launch count a token pays is the decode step's.
+
+The adapter, which the on/off server test checks (a wrong state index or a transposed state gives other tokens):
+- vLLM's projections and its own layout code (`prepare_gdn_attention_core_inputs`: the Qwen3-Next interleaved or
+  the Qwen3.5 flat layout) give q, k, v, z, b, a; vLLM's `out_proj` (its tensor-parallel all-reduce included)
+  takes the normed output. Only the middle is the model's.
+- state: the rows `non_spec_state_indices_tensor[:B]` of vLLM's caches, gathered, advanced one token, written back.
+  The conv cache is [slots, dim, W-1] or, in vLLM's other orientation, [slots, W-1, dim] (`is_conv_state_dim_first`).
+  The recurrent cache is declared [slots, HV, V, K] and its memory read differently per platform: FLA's Triton
+  kernels (GPUs) index it as [V, K], vLLM's CPU kernels view it as [K, V] (`ssm_state.view(..., k_dim, v_dim)` in
+  vllm/model_executor/layers/mamba/ops/cpu/gdn_attention.py). `recurrent_as_kv` gives the model's [K, V] view of
+  either.
+- the conv weight: vLLM's CPU backend packs it in place for its C++ kernel where the CPU has AVX-512 BF16 and
+  keeps the plain [dim, W] copy as `conv1d._cpu_unpacked_conv_weight`; elsewhere `conv1d.weight` is [dim, 1, W].
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+from model.gdn import (
+    GDN_DECODE_LAYER_PATHS, GDNDims, GDNState, gdn_gating, run_conv_path, run_gdn_rule, select_conv_path,
+    select_decode_layer_path, select_gated_norm_path, select_rule_path,
+)
+from model.gdn.decode_layer import triton_decode_layer
+from model.norm.rms_norm import GATED_NORM_PATHS
+
+from ..core import oot
+from ..core.registry import Patch
+from .served_choice import BlockServing, configure, serving_device, table_rows_detail
+
+__all__ = ["PATCH", "SWITCH", "DECODE", "SERVABLE", "recurrent_as_kv", "served_class", "uninstall"]
+
+SWITCH = "QWEN36_PATCH_SERVED_GDN"
+SEAM_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
+SEAM_CLASS = "QwenGatedDeltaNetAttention"
+LAYOUT_MODULE = "vllm.model_executor.layers.mamba.mamba_utils"
+PREPARE_PARAMS = ("self", "mixed_qkvz", "mixed_ba", "num_tokens")
+SERVABLE = ("staged", "triton")  # the decode-layer paths this adapter runs (the reference is a test's)
+
+DECODE = BlockServing("gdn_layer_decode", GDN_DECODE_LAYER_PATHS,
+                      lambda batch, device, dtype: select_decode_layer_path(batch, device, dtype))
+
+
+def recurrent_as_kv(ssm: torch.Tensor) -> torch.Tensor:
+    """vLLM's recurrent cache [slots, HV, V, K] as the model's [slots, HV, K, V], a view of the same memory, read
+    as the platform's vLLM kernels read it (module docstring)."""
+    if ssm.device.type == "cpu":
+        slots, heads, v_dim, k_dim = ssm.shape
+        return ssm.view(slots, heads, k_dim, v_dim)
+    return ssm.transpose(-1, -2)
+
+
+@dataclass(eq=False)
+class _CoreWeights:
+    """What the fused kernel reads of model.gdn.GDNWeights (everything but the projections, which stay vLLM's)."""
+
+    conv1d: torch.Tensor  # [conv_dim, W]
+    A_log: torch.Tensor
+    dt_bias: torch.Tensor
+    norm: torch.Tensor
+    dims: GDNDims
+
+
+def _decode_only(layer):
+    """This step's GDN metadata for `layer` when the step is decode-only (one token per request, no speculative
+    tokens), else None."""
+    from vllm.forward_context import get_forward_context
+
+    metadata = get_forward_context().attn_metadata
+    meta = metadata.get(layer.prefix) if isinstance(metadata, dict) else None
+    if meta is None or meta.num_prefills != 0 or meta.num_decodes <= 0:
+        return None
+    if meta.spec_sequence_masks is not None or getattr(meta, "num_accepted_tokens", None) is not None:
+        return None
+    if meta.num_decode_tokens != meta.num_decodes or meta.num_actual_tokens != meta.num_decodes:
+        return None
+    return meta
+
+
+@functools.cache
+def served_class() -> tuple[type, type]:
+    """(vLLM's class, ours); built once, so a second install registers the same class."""
+    module = importlib.import_module(SEAM_MODULE)
+    in_tree = getattr(module, SEAM_CLASS)
+    is_conv_state_dim_first = importlib.import_module(LAYOUT_MODULE).is_conv_state_dim_first
+
+    class ServedQwenGatedDeltaNet(in_tree):
+        """vLLM's GDN layer; a decode-only step by the table's model path over vLLM's own state."""
+
+        def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+            meta = _decode_only(self) if self._model_computes_this() else None
+            if meta is not None:
+                name = DECODE.path(meta.num_decodes, 1, hidden_states.device, hidden_states.dtype)
+                if name in SERVABLE:
+                    return self._served_decode(hidden_states, meta, name)
+            return super().forward(hidden_states)
+
+        def _model_computes_this(self) -> bool:
+            width = self.conv1d.weight.shape[-1] if not hasattr(self.conv1d, "_cpu_unpacked_conv_weight") \
+                else self.conv1d._cpu_unpacked_conv_weight.shape[-1]
+            conv_cache = self.kv_cache[0]
+            state_len = conv_cache.shape[-1] if is_conv_state_dim_first() else conv_cache.shape[-2]
+            return (self.activation == "silu" and self.norm.activation in ("silu", "swish")
+                    and self.conv1d.bias is None and state_len == width - 1)
+
+        # --- the adapter ---------------------------------------------------------------------------------------
+
+        def _dims(self) -> GDNDims:
+            tp = self.tp_size
+            return GDNDims(hidden_size=self.hidden_size, num_k_heads=self.num_k_heads // tp,
+                           num_v_heads=self.num_v_heads // tp, head_k_dim=self.head_k_dim,
+                           head_v_dim=self.head_v_dim, conv_kernel=self.conv_kernel_size, eps=self.norm.eps)
+
+        def _conv_weight(self) -> torch.Tensor:
+            unpacked = getattr(self.conv1d, "_cpu_unpacked_conv_weight", None)
+            weight = self.conv1d.weight
+            return unpacked if unpacked is not None else weight.view(weight.size(0), weight.size(-1))
+
+        def _core_weights(self) -> _CoreWeights:
+            cached = self.__dict__.get("_qwen36_core_weights")
+            if cached is None:
+                cached = _CoreWeights(self._conv_weight(), self.A_log, self.dt_bias, self.norm.weight, self._dims())
+                self.__dict__["_qwen36_core_weights"] = cached
+            return cached
+
+        def _state_views(self) -> tuple[torch.Tensor, torch.Tensor]:
+            """(conv cache [slots, dim, W-1], recurrent cache [slots, HV, K, V]): views of vLLM's caches."""
+            conv, ssm = self.kv_cache[0], self.kv_cache[1]
+            return (conv if is_conv_state_dim_first() else conv.transpose(-1, -2)), recurrent_as_kv(ssm)
+
+        def _served_decode(self, hidden_states: torch.Tensor, meta, name: str) -> torch.Tensor:
+            tokens = hidden_states.shape[0]
+            batch = meta.num_decodes
+            mixed_qkvz, _ = self.in_proj_qkvz(hidden_states)
+            ba, _ = self.in_proj_ba(hidden_states)
+            mixed_qkv, z, b, a = self.prepare_gdn_attention_core_inputs(mixed_qkvz, ba, tokens)
+            mixed_qkv, z, b, a = mixed_qkv[:batch], z[:batch], b[:batch], a[:batch]
+
+            rows = meta.non_spec_state_indices_tensor[:batch].to(torch.long)
+            conv_cache, recurrent_cache = self._state_views()
+            state = GDNState(conv=conv_cache.index_select(0, rows), recurrent=recurrent_cache.index_select(0, rows))
+            if name == "triton":
+                normed = self._core_triton(mixed_qkv, z, b, a, state)
+            else:
+                normed = self._core_staged(mixed_qkv, z, b, a, state)
+            conv_cache.index_copy_(0, rows, state.conv.to(conv_cache.dtype))
+            recurrent_cache.index_copy_(0, rows, state.recurrent.to(recurrent_cache.dtype))
+
+            core = hidden_states.new_zeros(tokens, normed.shape[-1])
+            core[:batch] = normed
+            output, _ = self.out_proj(core)
+            return output
+
+        def _core_staged(self, mixed_qkv, z, b, a, state: GDNState) -> torch.Tensor:
+            """The model's blocks one after another (model.gdn.staged's order); advances `state` in place."""
+            d = self._core_weights().dims
+            batch, device, dtype = mixed_qkv.shape[0], mixed_qkv.device, mixed_qkv.dtype
+            conv = select_conv_path(1, device, dtype)
+            mixed, conv_state = run_conv_path(conv, mixed_qkv.unsqueeze(1), self._conv_weight(), state.conv)
+            q, k, v = mixed.split([d.key_dim, d.key_dim, d.value_dim], dim=-1)
+            q = q.reshape(batch, 1, d.num_k_heads, d.head_k_dim)
+            k = k.reshape(batch, 1, d.num_k_heads, d.head_k_dim)
+            v = v.reshape(batch, 1, d.num_v_heads, d.head_v_dim)
+            g, beta = gdn_gating(a.unsqueeze(1), b.unsqueeze(1), self.A_log, self.dt_bias)
+            rule = select_rule_path(1, batch, device, v.dtype)
+            core, recurrent = run_gdn_rule(rule, q, k, v, g, beta, state.recurrent.float())
+            norm = select_gated_norm_path(batch, device, dtype)
+            normed = GATED_NORM_PATHS[norm].fn(core.to(dtype), self.norm.weight, d.eps,
+                                               z.reshape(batch, 1, d.num_v_heads, d.head_v_dim))
+            state.conv.copy_(conv_state)
+            state.recurrent.copy_(recurrent)
+            return normed.reshape(batch, d.value_dim)
+
+        def _core_triton(self, mixed_qkv, z, b, a, state: GDNState) -> torch.Tensor:
+            """The fused kernel over [q | k | v | z | b | a] rows; advances `state` in place."""
+            batch = mixed_qkv.shape[0]
+            proj = torch.cat([mixed_qkv, z.reshape(batch, -1), b, a], dim=-1)
+            return triton_decode_layer.fused_decode_core(proj, self._core_weights(), state, state)
+
+    return in_tree, ServedQwenGatedDeltaNet
+
+
+def probe() -> str | None:
+    reason = oot.registry_reason(SEAM_MODULE, SEAM_CLASS)
+    if reason is not None:
+        return reason
+    cls = getattr(importlib.import_module(SEAM_MODULE), SEAM_CLASS)
+    prepare = getattr(cls, "prepare_gdn_attention_core_inputs", None)
+    if prepare is None:
+        return f"{SEAM_CLASS}.prepare_gdn_attention_core_inputs is missing (the adapter takes q, k, v, z, b, a from it)"
+    params = tuple(inspect.signature(prepare).parameters)
+    if params != PREPARE_PARAMS:
+        return f"{SEAM_CLASS}.prepare_gdn_attention_core_inputs{params} differs from the expected {PREPARE_PARAMS}"
+    try:
+        importlib.import_module(LAYOUT_MODULE).is_conv_state_dim_first  # noqa: B018
+        importlib.import_module("vllm.forward_context").get_forward_context  # noqa: B018
+    except (ImportError, AttributeError) as exc:
+        return f"vLLM's state layout or forward context is not where 0.32 has it ({exc})"
+    return None
+
+
+def install(settings) -> str:
+    configure(settings.served_force)
+    oot.register(*served_class())
+    device = serving_device()
+    triton_note = "" if triton_decode_layer is not None else "; no Triton here: `triton` rows leave vLLM's"
+    return (f"registry: {SEAM_CLASS}, decode-only steps (gdn_layer_decode: {table_rows_detail('gdn_layer_decode', device)})"
+            f" on {device}; prefill and mixed steps vLLM's" + triton_note
+            + ("; forced: the model's path where the table leaves vLLM's" if settings.served_force else ""))
+
+
+def uninstall() -> None:
+    oot.unregister(*served_class())
+
+
+PATCH = Patch(
+    name="served_gdn",
+    seam=f"{SEAM_MODULE}.{SEAM_CLASS} (out-of-tree registry)",
+    required=False,  # without it vLLM's GDN layer serves: right, and as fast as vLLM makes it
+    switch=SWITCH,
+    kind="compute",
+    probe=probe,
+    install=install,
+    uninstall=uninstall,
+)
