@@ -14,7 +14,9 @@ nvidia-h200.json). Where an NVIDIA GPU's table has no row for a block (or the GP
 defaults serve (model/dispatch/nvidia_defaults.py: the paths fast and capturable there). With no table for
 another device, or none on a CPU unless named explicitly, the dispatchers keep their knob-driven choice, so CPU
 behaviour is unchanged. A table applies only to inputs of the dtype it was measured in, and an entry naming a
-path that cannot run the input falls back to the knobs too.
+path that cannot run the input falls back to the knobs too. A row may name `vllm`: vLLM's own layer won there, so
+the plugin's served blocks leave it in place (patches/model_paths/served_choice.py); the model's own dispatchers,
+which cannot run vLLM's layer, fall back to their knobs there.
 
 File format (schema "qwen36-dispatch/2"; "qwen36-dispatch/1" files, written before 2026-12-04, read the same):
     {"schema": "qwen36-dispatch/2", "device": "NVIDIA H200", "dtype": "bfloat16", "recorded": {...},
