@@ -42,6 +42,7 @@ from harness.gates.reference import ReferenceServer, add_worktree, check_depende
 from harness.serving import shared_server
 from harness.serving.launcher import ManagedServer, embedded_server
 from harness.serving.shared_server import SESSION, SESSION_KV_GIB, ServerInfo, embedded_env
+from harness.serving.step_profile import profiler_args
 
 # A compared server's KV cache: as the session's (SESSION_KV_GIB), so that five servers and the test workers fit in
 # the machine's 24 GiB.
@@ -76,13 +77,16 @@ class ComparedServer:
     env: tuple[tuple[str, str], ...] = ()  # beyond the session server's
     kv_gib: int = COMPARED_KV_GIB
     keyed: bool = False  # started with --api-key (a key made for the session)
+    # vLLM's torch profiler armed (harness.serving.step_profile; idle until /start_profile), writing into
+    # trace_dir_of(server): the served decode step's launch count.
+    profiled: bool = False
 
 
 COMPARED: tuple[ComparedServer, ...] = (
     ComparedServer(TWIN, kv_gib=SESSION_KV_GIB),  # every setting the session's
     # Both answer only requests with the session's key (vLLM's --api-key): what a client's --api-key is tested on.
-    ComparedServer(NO_CACHE, NO_CACHE_ARGS, keyed=True),
-    ComparedServer(MOE_ON, NO_CACHE_ARGS, env=SUBSTITUTIONS_ON, keyed=True),
+    ComparedServer(NO_CACHE, NO_CACHE_ARGS, keyed=True, profiled=True),
+    ComparedServer(MOE_ON, NO_CACHE_ARGS, env=SUBSTITUTIONS_ON, keyed=True, profiled=True),
 )
 
 
@@ -96,9 +100,22 @@ def by_name(name: str) -> ComparedServer:
 def compared_server(spec: ComparedServer, state_dir: Path, model_dir: str | Path, **overrides) -> ManagedServer:
     """`spec`'s server on the session's model files, not started; `overrides` as embedded_config's."""
     env = {**embedded_env(state_dir, spec.name), **dict(spec.env), **overrides.pop("env", {})}
-    return embedded_server(state_dir, model_dir, Path(state_dir) / f"{spec.name}.log", extra_args=spec.extra_args,
+    log = Path(state_dir) / f"{spec.name}.log"
+    extra_args = spec.extra_args + (profiler_args(_trace_dir(log)) if spec.profiled else ())
+    return embedded_server(state_dir, model_dir, log, extra_args=extra_args,
                            api_key=session_api_key(state_dir) if spec.keyed else None, cpu_kvcache_gib=spec.kv_gib,
                            env=env, **overrides)
+
+
+def _trace_dir(log_path: Path) -> Path:
+    return log_path.with_name(log_path.stem + "-traces")
+
+
+def trace_dir_of(server: ServerInfo) -> Path:
+    """Where a profiled compared server's torch profiler writes its traces (beside its log)."""
+    if not server.log_path:
+        raise ValueError(f"{server.base_url}: no log path, so no trace folder beside it")
+    return _trace_dir(Path(server.log_path))
 
 
 def session_api_key(state_dir: Path) -> str:

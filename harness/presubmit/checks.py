@@ -16,7 +16,11 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 from model.dispatch.env import TRUE_VALUES, EnvValueError, parse_bool
+from model.dispatch.nvidia_defaults import NVIDIA_PREFIX
+from model.dispatch.table import TABLE_ENV, load_dispatch_table
+from patches.model_paths import served_gdn, served_norms
 from patches.model_paths.step_slowdown import SLOWDOWN_ENV, SLOWDOWN_FILE_ENV
+from patches.settings import PatchSettings
 
 from . import names
 from .dockerfile import Dockerfile, parse_dockerfile
@@ -38,6 +42,7 @@ PROFILING_REQUIRED_OFF = ("PROF_TRACE", "PROF_MOE_SUMMARY")  # explicitly 0 in p
 TEST_ONLY_SLOWDOWN = (SLOWDOWN_ENV, SLOWDOWN_FILE_ENV)  # never in the platform image, whatever the value
 _DEFAULT_ON_IN_CODE = re.compile(
     r"""environ\.get\(\s*["'](PROF_\w+|ENGINEX_PROFILE_\w+)["']\s*,\s*["'](""" + "|".join(TRUE_VALUES) + r""")["']""")
+SERVED_PATCHES = (served_norms, served_gdn)  # each with its PATCH and the table BLOCKS it serves
 _NETWORK_RUN = re.compile(r"\b(curl|wget|git\s+clone|apt-get\s+install|apt\s+install)\b")
 
 
@@ -367,8 +372,43 @@ def check_plugin_status(ctx: Context) -> tuple[bool, str]:
                   "the run config's environment")
 
 
+@presubmit_check(names.SERVED_BLOCKS)
+def check_served_blocks(ctx: Context) -> tuple[bool, str]:
+    """Which served blocks (docs/patches-and-presubmit.md, the served blocks) the platform image would leave to
+    vLLM's own layer for want of a table row. Never a no-go: vLLM's own layer is right, only not the measured
+    choice. The platform's GPU is no NVIDIA one, so its table is the run config's QWEN36_DISPATCH_TABLE, else
+    any other device's table the image ships (fixtures/dispatch, which the Dockerfile copies)."""
+    env = ctx.run_config.env
+    settings = PatchSettings.from_env(env)
+    on = [p for p in SERVED_PATCHES if settings.is_on(p.PATCH.name)]
+    if not on:
+        return True, "no served-block patch is on in the run config: vLLM's own layers serve every block"
+    table_setting = env.get(TABLE_ENV, "").strip()
+    if table_setting.lower() == "off":
+        tables, where = [], f"{TABLE_ENV}=off in the run config"
+    elif table_setting:
+        path = Path(table_setting)
+        local = ctx.root / path.relative_to("/opt/qwen36") if path.is_relative_to("/opt/qwen36") else path
+        if not local.is_file():
+            return False, f"the run config's {TABLE_ENV}={table_setting} is no table here ({local})"
+        tables, where = [load_dispatch_table(local)], str(table_setting)
+    else:
+        directory = ctx.root / "fixtures" / "dispatch"
+        tables = [load_dispatch_table(f) for f in sorted(directory.glob("*.json"))]
+        tables = [t for t in tables if not t.device.startswith(NVIDIA_PREFIX)]
+        where = f"{ctx.rel(directory)} (no table there for a device other than NVIDIA's)" if not tables else \
+            ", ".join(f"{t.device} ({Path(t.source).name})" for t in tables)
+    blocks = [block for patch in on for block in patch.BLOCKS]
+    missing = [b for b in blocks if not any(t.blocks.get(b) for t in tables)]
+    if not missing:
+        return True, f"every served block has a row in {where}: {', '.join(blocks)}"
+    return True, (f"vLLM's own layer serves {', '.join(missing)} for want of a table row ({where}); record one on "
+                  "the BI-V100 box with `qwen36 tune` (it writes fixtures/dispatch/<device>.json, which the image "
+                  "copies) and rebuild")
+
+
 STATIC_CHECKS = (check_line_endings, check_dockerfile, check_run_config, check_no_vllm_shadow,
-                 check_profiling_off, check_plugin_status)
+                 check_profiling_off, check_plugin_status, check_served_blocks)
 
 
 def run_static(ctx: Context, checks=None) -> list[CheckResult]:

@@ -10,8 +10,9 @@ CHAT_TEMPLATE = "chat_template"
 NO_VLLM_SHADOW = "no_vllm_shadow"
 PROFILING_OFF = "profiling_off"
 PLUGIN_STATUS = "plugin_status"
+SERVED_BLOCKS = "served_blocks"
 SUITES = "suites"
 
 # In the verdict table's order.
 CHECK_NAMES = (LINE_ENDINGS, DOCKERFILE, RUN_CONFIG, CHAT_TEMPLATE, NO_VLLM_SHADOW, PROFILING_OFF, PLUGIN_STATUS,
-               SUITES)
+               SERVED_BLOCKS, SUITES)

@@ -49,7 +49,7 @@ from ..core import oot
 from ..core.registry import Patch
 from .served_choice import BlockServing, configure, serving_device, table_rows_detail
 
-__all__ = ["PATCH", "SWITCH", "DECODE", "SERVABLE", "recurrent_as_kv", "served_class", "uninstall"]
+__all__ = ["PATCH", "SWITCH", "BLOCKS", "DECODE", "SERVABLE", "recurrent_as_kv", "served_class", "uninstall"]
 
 SWITCH = "QWEN36_PATCH_SERVED_GDN"
 SEAM_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
@@ -57,6 +57,8 @@ SEAM_CLASS = "QwenGatedDeltaNetAttention"
 LAYOUT_MODULE = "vllm.model_executor.layers.mamba.mamba_utils"
 PREPARE_PARAMS = ("self", "mixed_qkvz", "mixed_ba", "num_tokens")
 SERVABLE = ("staged", "triton")  # the decode-layer paths this adapter runs (the reference is a test's)
+
+BLOCKS = ("gdn_layer_decode",)  # the dispatch-table blocks this patch serves
 
 DECODE = BlockServing("gdn_layer_decode", GDN_DECODE_LAYER_PATHS,
                       lambda batch, device, dtype: select_decode_layer_path(batch, device, dtype))

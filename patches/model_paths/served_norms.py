@@ -27,11 +27,13 @@ from ..core import oot
 from ..core.registry import Patch
 from .served_choice import BlockServing, configure, serving_device, table_rows_detail
 
-__all__ = ["PATCH", "SWITCH", "ADD_NORM", "GATED_NORM", "served_classes", "uninstall"]
+__all__ = ["PATCH", "SWITCH", "BLOCKS", "ADD_NORM", "GATED_NORM", "served_classes", "uninstall"]
 
 SWITCH = "QWEN36_PATCH_SERVED_NORMS"
 SEAM_MODULE = "vllm.model_executor.layers.layernorm"
 SEAM_CLASSES = ("GemmaRMSNorm", "RMSNormGated")
+
+BLOCKS = ("add_rms_norm", "gdn_gated_norm")  # the dispatch-table blocks this patch serves
 
 ADD_NORM = BlockServing("add_rms_norm", ADD_RMS_NORM_PATHS,
                         lambda rows, device, dtype: select_add_rms_norm_path(rows, device, dtype))

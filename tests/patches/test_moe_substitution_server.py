@@ -140,9 +140,13 @@ def test_moe_state_is_read_from_the_status_table_whatever_its_padding():
 
 
 def _without_port(command: str) -> list[str]:
+    """The command without its port and its profiler's trace folder (each server's own)."""
     parts = shlex.split(command)
-    i = parts.index("--port")
-    return parts[:i] + parts[i + 2:]
+    for option in ("--port", "--profiler-config"):
+        if option in parts:
+            i = parts.index(option)
+            parts = parts[:i] + parts[i + 2:]
+    return parts
 
 
 def test_the_on_server_is_the_off_server_with_the_substitution_switches():

@@ -185,3 +185,38 @@ def test_the_run_config_must_turn_on_every_required_patch_of_the_catalog(tmp_pat
         assert patch.name in problem and "QWEN36_PATCHES: all" in problem  # not in the set: its default, off
     [problem] = patch_switch_problems({**env, PATCHES[0].switch: ""})
     assert "is not a boolean" in problem and PATCHES[0].switch in problem
+
+
+def _served_blocks_row(checkout: Path):
+    from harness.presubmit.checks import check_served_blocks
+
+    return by_name(run_presubmit(checkout, skip_suites=True, checks=(check_served_blocks,)))[names.SERVED_BLOCKS]
+
+
+def test_served_blocks_names_each_block_the_image_leaves_to_vllm_and_the_command_that_records_a_table(tmp_path):
+    checkout = make_checkout(tmp_path)
+    shutil.copytree(REPO_ROOT / "fixtures" / "dispatch", checkout / "fixtures" / "dispatch", dirs_exist_ok=True)
+    row = _served_blocks_row(checkout)  # the repository's tables are NVIDIA's: none serves the BI-V100
+    assert row.go
+    assert "vLLM's own layer serves add_rms_norm, gdn_gated_norm, gdn_layer_decode" in row.detail
+    assert "qwen36 tune" in row.detail
+    platform = {"schema": "qwen36-dispatch/2", "device": "Iluvatar BI-V100", "dtype": "bfloat16", "blocks": {
+        "add_rms_norm": {"ranges": [{"from": 1, "to": None, "path": "fused"}]},
+        "gdn_layer_decode": {"ranges": [{"from": 1, "to": None, "path": "vllm"}]}}}
+    (checkout / "fixtures" / "dispatch" / "iluvatar-bi-v100.json").write_text(__import__("json").dumps(platform))
+    row = _served_blocks_row(checkout)
+    assert row.go and "serves gdn_gated_norm for want" in row.detail and "Iluvatar BI-V100" in row.detail
+
+
+def test_served_blocks_with_the_patches_off_or_a_missing_table(tmp_path):
+    checkout = make_checkout(tmp_path)
+    run_config = checkout / "computility-run.yaml"
+    text = run_config.read_text()
+    run_config.write_text(text.replace('  QWEN36_PATCHES: all\n', '  QWEN36_PATCHES: all\n  QWEN36_PATCH_SERVED_NORMS: "0"\n'
+                                       '  QWEN36_PATCH_SERVED_GDN: "0"\n'))
+    row = _served_blocks_row(checkout)
+    assert row.go and "no served-block patch is on" in row.detail
+    run_config.write_text(text.replace('  QWEN36_PATCHES: all\n',
+                                       '  QWEN36_PATCHES: all\n  QWEN36_DISPATCH_TABLE: /opt/qwen36/fixtures/dispatch/x.json\n'))
+    row = _served_blocks_row(checkout)
+    assert not row.go and "QWEN36_DISPATCH_TABLE" in row.detail and "no table here" in row.detail

@@ -1,0 +1,189 @@
+"""One served decode step's operator launches, counted from vLLM's own torch profiler, per block kind.
+
+A launch-bound platform (the BI-V100 runs eager) pays per operator its host dispatches, so the operators of one
+decode step are the figure the patch set's served blocks exist to cut. Counting them is free of timing noise.
+
+How: a server started with `profiler_args(dir)` (vLLM's `--profiler-config`, torch profiler, Python stacks on) does
+nothing more until `POST /start_profile`; then B requests decode together (after one unprofiled round of the
+same, so one-off first-call work stays out), `POST /stop_profile` makes the worker
+write its trace into `dir`. In the trace the worker marks each step with a `user_annotation`
+`execute_context_<prefill requests>(<tokens>)_generation_<decode requests>(<tokens>)`: a decode step of B requests
+is `execute_context_0(0)_generation_B(B)`. Every `cpu_op` event inside such a step is counted (as vLLM's profiler
+records them: an op and the ops it calls each count once), and attributed to the block kind of the innermost
+enclosing module (`nn.Module: <class>_<n>` events, which the profiler records with Python stacks on) whose class
+names a kind; ops under no such module (embedding, logits, the decoder layer's own glue) are `other`.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from harness.errors import HarnessError
+
+__all__ = ["KINDS", "StepCount", "profiler_args", "block_kind", "decode_step_counts", "profile_decode_steps",
+           "count_growth"]
+
+# Block kinds, by the class of the innermost enclosing module; checked in this order.
+KINDS = ("norm", "gdn", "moe", "attention", "other")
+_KIND_OF_CLASS = (
+    ("norm", re.compile(r"RMSNorm")),  # GemmaRMSNorm, RMSNormGated and the plugin's Served* subclasses
+    ("gdn", re.compile(r"GatedDeltaNet")),
+    ("moe", re.compile(r"MoE|Moe|RoutedExperts|Router")),
+    ("attention", re.compile(r"Attention|Rotary")),
+)
+_MODULE_EVENT = re.compile(r"^nn\.Module: (\w+?)_\d+$")
+_STEP = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$")
+
+
+def profiler_args(trace_dir: Path | str) -> tuple[str, ...]:
+    """vLLM's arguments for a torch profiler writing into `trace_dir` (absolute, as vLLM requires); idle until
+    /start_profile."""
+    config = {"profiler": "torch", "torch_profiler_dir": str(Path(trace_dir).resolve()),
+              "torch_profiler_with_stack": True}
+    return ("--profiler-config", json.dumps(config, separators=(",", ":")))
+
+
+def block_kind(module_class: str) -> str | None:
+    for kind, pattern in _KIND_OF_CLASS:
+        if pattern.search(module_class):
+            return kind
+    return None
+
+
+@dataclass(frozen=True)
+class StepCount:
+    """The operators of the decode steps of `batch` requests in one profile: per kind (and in total) the fewest and
+    the most any step ran. Equal where the count is deterministic; a path whose launches depend on the data (the
+    CPU MoE dispatcher's `sorted` path loops over the experts a step routes to) gives a range."""
+
+    batch: int
+    steps: int
+    ranges: dict[str, tuple[int, int]]  # kind or "total" -> (fewest, most)
+
+    @property
+    def total(self) -> int:
+        return self.ranges["total"][1]
+
+    def as_json(self) -> dict:
+        """kind -> the count, or [fewest, most] where the steps differed."""
+        return {k: (lo if lo == hi else [lo, hi]) for k, (lo, hi) in
+                ((k, self.ranges.get(k, (0, 0))) for k in ("total", *KINDS))}
+
+
+def _events(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f).get("traceEvents", [])
+
+
+def _count_step(step: dict, ops: list[dict], modules: list[dict]) -> Counter:
+    start, end = step["ts"], step["ts"] + step["dur"]
+    inside = [m for m in modules if start <= m["ts"] and m["ts"] + m["dur"] <= end]
+    counts: Counter = Counter()
+    for op in ops:
+        if not (start <= op["ts"] <= end):
+            continue
+        enclosing = [m for m in inside if m["ts"] <= op["ts"] <= m["ts"] + m["dur"]]
+        kind = next((m["kind"] for m in sorted(enclosing, key=lambda m: -m["ts"])), "other")
+        counts[kind] += 1
+    return counts
+
+
+def decode_step_counts(trace_files: list[Path], batch: int) -> StepCount:
+    """Per kind, the fewest and the most operators any decode step of exactly `batch` requests ran."""
+    per_step: list[Counter] = []
+    for path in trace_files:
+        events = [e for e in _events(path) if e.get("ph") == "X" and "dur" in e]
+        for thread in {(e.get("pid"), e.get("tid")) for e in events}:
+            mine = [e for e in events if (e.get("pid"), e.get("tid")) == thread]
+            ops = [e for e in mine if e.get("cat") == "cpu_op"]
+            modules = []
+            for e in mine:
+                match = _MODULE_EVENT.match(e["name"]) if e.get("cat") == "python_function" else None
+                kind = block_kind(match.group(1)) if match else None
+                if kind:
+                    modules.append({"ts": e["ts"], "dur": e["dur"], "kind": kind})
+            for e in mine:
+                step = _STEP.match(e["name"]) if e.get("cat") == "user_annotation" else None
+                if step and int(step.group(1)) == 0 and int(step.group(3)) == batch:
+                    per_step.append(_count_step(e, ops, modules))
+    if not per_step:
+        raise HarnessError(f"no decode step of {batch} requests (execute_context_0(0)_generation_{batch}(...)) in "
+                           f"{[str(p) for p in trace_files]}: did the requests decode together?")
+    for counts in per_step:
+        counts["total"] = sum(counts[k] for k in KINDS)
+    ranges = {k: (min(c[k] for c in per_step), max(c[k] for c in per_step)) for k in ("total", *KINDS)}
+    return StepCount(batch, len(per_step), ranges)
+
+
+def _post(client: httpx.Client, url: str) -> None:
+    r = client.post(url, timeout=300)
+    if r.status_code != 200:
+        raise HarnessError(f"{url} answered {r.status_code}: {r.text[:300]} (was the server started with "
+                           "profiler_args?)")
+
+
+def _new_traces(trace_dir: Path, before: set[Path], wait_s: float = 120.0) -> list[Path]:
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        found = sorted(p for p in trace_dir.rglob("*.json*") if p not in before)
+        if found and all(p.stat().st_size > 0 for p in found):
+            time.sleep(1.0)  # the writer may still be closing the file
+            return found
+        time.sleep(0.5)
+    raise HarnessError(f"no trace appeared in {trace_dir} within {wait_s:.0f} s of /stop_profile")
+
+
+def profile_decode_steps(base_url: str, model: str, trace_dir: Path | str, batch: int, *,
+                         api_key: str | None = None, max_tokens: int = 8) -> StepCount:
+    """Profile `batch` requests decoding together on a server started with profiler_args(trace_dir)."""
+    trace_dir = Path(trace_dir)
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    before = set(trace_dir.rglob("*.json*"))
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    body = {"model": model, "max_tokens": max_tokens, "min_tokens": max_tokens, "ignore_eos": True,
+            "temperature": 0}
+
+    def together(client: httpx.Client) -> None:
+        with ThreadPoolExecutor(max_workers=batch) as pool:
+            answers = list(pool.map(lambda i: client.post(
+                f"{base_url}/v1/completions", timeout=300,
+                json={**body, "prompt": f"Request {i}: count to ten, one number a line."}), range(batch)))
+        bad = [a for a in answers if a.status_code != 200]
+        if bad:
+            raise HarnessError(f"{base_url}: {len(bad)} of {batch} profiled requests failed: {bad[0].text[:300]}")
+
+    with httpx.Client(headers=headers) as client:
+        # Once unprofiled first: the first step of a new batch size runs one-off work (first-call checks and
+        # allocations; 484 more operators in the GDN layers of the tiny model's first B = 8 step, 2026-12-06).
+        together(client)
+        _post(client, f"{base_url}/start_profile")
+        try:
+            together(client)
+        finally:
+            _post(client, f"{base_url}/stop_profile")
+    return decode_step_counts(_new_traces(trace_dir, before), batch)
+
+
+def count_growth(recorded: dict, measured: dict) -> list[str]:
+    """The gate's findings for one (server, batch): each kind, or the total, whose deterministic count grew (with
+    the difference) or stopped being deterministic. A kind recorded as a range (data-dependent launches) is not
+    gated: its count moves with the routing, not with the code."""
+    findings = []
+    for kind in ("total", *KINDS):
+        was, now = recorded.get(kind, 0), measured.get(kind, 0)
+        if isinstance(was, list):
+            continue
+        if isinstance(now, list):
+            findings.append(f"{kind}: {was} -> {now[0]}..{now[1]} (deterministic before, now varies between steps)")
+        elif now > was:
+            findings.append(f"{kind}: {was} -> {now} (+{now - was})")
+    return findings
