@@ -111,8 +111,12 @@ def served_class() -> tuple[type, type]:
         """vLLM's GDN layer; a decode-only step by the table's model path over vLLM's own state."""
 
         def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-            meta = _decode_only(self) if self._model_computes_this() else None
-            if meta is not None:
+            # Traced by torch.compile (a server without --enforce-eager): vLLM's own, decided before anything of
+            # ours runs (the profiling run traces the model before vLLM has bound the layer's state cache).
+            if torch.compiler.is_compiling():
+                return super().forward(hidden_states)
+            meta = _decode_only(self)
+            if meta is not None and self._model_computes_this():
                 name = DECODE.path(meta.num_decodes, 1, hidden_states.device, hidden_states.dtype)
                 if name in SERVABLE:
                     return self._served_decode(hidden_states, meta, name)
@@ -121,7 +125,10 @@ def served_class() -> tuple[type, type]:
         def _model_computes_this(self) -> bool:
             width = self.conv1d.weight.shape[-1] if not hasattr(self.conv1d, "_cpu_unpacked_conv_weight") \
                 else self.conv1d._cpu_unpacked_conv_weight.shape[-1]
-            conv_cache = self.kv_cache[0]
+            kv_cache = getattr(self, "kv_cache", None)
+            if not kv_cache:
+                return False
+            conv_cache = kv_cache[0]
             state_len = conv_cache.shape[-1] if is_conv_state_dim_first() else conv_cache.shape[-2]
             return (self.activation == "silu" and self.norm.activation in ("silu", "swish")
                     and self.conv1d.bias is None and state_len == width - 1)
