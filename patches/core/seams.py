@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from .registry import Patch
 
-__all__ = ["attribute_problem", "first_problem", "model_problem", "source_problem", "pydantic_problem", "resolve",
+__all__ = ["attribute_problem", "first_problem", "signature_problem", "model_problem", "source_problem", "pydantic_problem", "resolve",
            "add_model_validator", "remove_model_validator", "has_model_validator", "add_model_serializer",
            "remove_model_serializer", "wrap_method", "unwrap_method", "is_wrapped",
            "WrappedMethod", "AddedValidator", "AddedSerializer", "serializer_problem", "api_patch"]
@@ -58,6 +58,14 @@ def attribute_problem(path: str) -> str | None:
 def first_problem(*paths: str) -> str | None:
     """None when every path resolves, else why the first that does not is missing."""
     return next((p for p in map(attribute_problem, paths) if p is not None), None)
+
+
+def signature_problem(what: str, fn: Callable | None, expected: tuple[str, ...]) -> str | None:
+    """None when `fn` (named `what` in the reason) takes exactly the parameters `expected`, else why not."""
+    if fn is None:
+        return f"{what} is missing"
+    params = tuple(inspect.signature(fn).parameters)
+    return None if params == expected else f"{what}{params} differs from the expected {expected}"
 
 
 def source_problem(path: str, name: str) -> str | None:

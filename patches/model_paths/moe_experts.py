@@ -17,7 +17,6 @@ on input, pre-processed weights) keep vLLM's path; the first such layer is logge
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ from model.moe import MoEConfig, select_expert_path
 from model.moe.config import TINY_MAX_LIMIT
 
 from ..core.registry import Patch
+from ..core.seams import signature_problem
 
 __all__ = ["PATCH", "SWITCH", "ARCHITECTURES", "dispatch_rule", "uninstall", "substituted_layer_count"]
 
@@ -77,12 +77,10 @@ def probe() -> str | None:
     if cls is None:
         return f"{SEAM_MODULE} has no {SEAM_CLASS}"
     for name, expected in (("apply", APPLY_PARAMS), ("process_weights_after_loading", PWAL_PARAMS)):
-        fn = _State.originals.get(name) or getattr(cls, name, None)
-        if fn is None:
-            return f"{SEAM_CLASS}.{name} is missing"
-        params = tuple(inspect.signature(fn).parameters)
-        if params != expected:
-            return f"{SEAM_CLASS}.{name}{params} differs from the expected {expected}"
+        reason = signature_problem(f"{SEAM_CLASS}.{name}", _State.originals.get(name) or getattr(cls, name, None),
+                                   expected)
+        if reason is not None:
+            return reason
     try:
         order = importlib.import_module(ORDER_MODULE).SharedExpertsOrder
         order.MK_INTERNAL_OVERLAPPED  # noqa: B018 - the shared-expert contract the wrapper relies on

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import inspect
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +46,7 @@ from model.norm.rms_norm import GATED_NORM_PATHS
 
 from ..core import oot
 from ..core.registry import Patch
+from ..core.seams import signature_problem
 from .served_choice import BlockServing, configure, serving_device, table_rows_detail
 
 __all__ = ["PATCH", "SWITCH", "BLOCKS", "DECODE", "SERVABLE", "recurrent_as_kv", "served_class", "uninstall"]
@@ -215,12 +215,11 @@ def probe() -> str | None:
     if reason is not None:
         return reason
     cls = getattr(importlib.import_module(SEAM_MODULE), SEAM_CLASS)
-    prepare = getattr(cls, "prepare_gdn_attention_core_inputs", None)
-    if prepare is None:
-        return f"{SEAM_CLASS}.prepare_gdn_attention_core_inputs is missing (the adapter takes q, k, v, z, b, a from it)"
-    params = tuple(inspect.signature(prepare).parameters)
-    if params != PREPARE_PARAMS:
-        return f"{SEAM_CLASS}.prepare_gdn_attention_core_inputs{params} differs from the expected {PREPARE_PARAMS}"
+    # The adapter takes q, k, v, z, b, a from vLLM's own layout code.
+    reason = signature_problem(f"{SEAM_CLASS}.prepare_gdn_attention_core_inputs",
+                               getattr(cls, "prepare_gdn_attention_core_inputs", None), PREPARE_PARAMS)
+    if reason is not None:
+        return reason
     try:
         importlib.import_module(LAYOUT_MODULE).is_conv_state_dim_first  # noqa: B018
         importlib.import_module("vllm.forward_context").get_forward_context  # noqa: B018
