@@ -8,6 +8,8 @@ Rule (per device, never blind):
   path cannot run here: vLLM's own layer serves. The NVIDIA defaults that fill gaps in the model's own step
   (model/dispatch/nvidia_defaults.py) do not apply here: they were chosen against the model's other paths, never
   against vLLM's;
+- where no row of the device's table could serve the block at all, `may_serve` says so once per device and dtype,
+  and the substitute returns vLLM's forward before it reads anything of vLLM's;
 - `QWEN36_SERVED_BLOCKS_FORCE=1` (tests; patches.settings reads it): where the table would leave vLLM's own, the
   model's own serving choice for the block serves instead (its dispatcher's default on this device), so every seam
   adapter runs on a CPU server where vLLM's C++ kernels may well be the faster ones.
@@ -31,7 +33,9 @@ from model.dispatch.table import table_choice_for
 __all__ = ["VLLM_OWN", "SERVED", "BlockServing", "configure", "forced", "table_rows_detail", "serving_device"]
 
 VLLM_OWN = "vllm"  # a table row naming vLLM's own layer
-SERVED: Counter = Counter()  # (block, path or VLLM_OWN) -> calls, in this process
+# (block, path or VLLM_OWN) -> calls that asked, in this process; a device whose table cannot serve the block at all
+# counts once (may_serve answers before anything else is asked).
+SERVED: Counter = Counter()
 
 _log = logging.getLogger("vllm.qwen36.patches.served_blocks")  # under "vllm." to share vLLM's log handler
 
@@ -96,6 +100,22 @@ class BlockServing:
         # Memoised per call shape: the table and the switches are fixed for a server process, and an eager decode
         # step asks once per layer.
         self._answers: dict[tuple, tuple[str | None, str]] = {}
+        self._may: dict[tuple, bool] = {}
+
+    def may_serve(self, device: torch.device, dtype: torch.dtype) -> bool:
+        """Whether any call on this device and dtype could take a model path: forced, or the device's table has a
+        row for the block naming something other than vLLM's own. False lets the substitute return vLLM's forward
+        before it reads anything of vLLM's (no table on the platform: nothing of ours runs)."""
+        question = (_State.generation, device, dtype)
+        answer = self._may.get(question)
+        if answer is None:
+            table = table_choice_for(device).table
+            rows = () if table is None or str(dtype).removeprefix("torch.") != table.dtype else \
+                table.blocks.get(self.block, ())
+            answer = self._may[question] = _State.force or any(r.path != VLLM_OWN for r in rows)
+            if not answer:
+                self._served(None, "no table row for this device and dtype names a model path")
+        return answer
 
     def path(self, key: int, num_tokens: int, device: torch.device, dtype: torch.dtype) -> str | None:
         """Callers check torch.compiler.is_compiling() first and keep vLLM's own then (module docstring)."""

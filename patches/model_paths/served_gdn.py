@@ -56,6 +56,10 @@ SEAM_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
 SEAM_CLASS = "QwenGatedDeltaNetAttention"
 LAYOUT_MODULE = "vllm.model_executor.layers.mamba.mamba_utils"
 PREPARE_PARAMS = ("self", "mixed_qkvz", "mixed_ba", "num_tokens")
+METADATA_MODULE = "vllm.v1.attention.backends.gdn_attn"
+# What the adapter reads of this step's GDN metadata (_decode_only, _served_decode).
+METADATA_FIELDS = ("num_prefills", "num_decodes", "num_decode_tokens", "num_actual_tokens", "spec_sequence_masks",
+                   "num_accepted_tokens", "non_spec_state_indices_tensor")
 SERVABLE = ("staged", "triton")  # the decode-layer paths this adapter runs (the reference is a test's)
 
 BLOCKS = ("gdn_layer_decode",)  # the dispatch-table blocks this patch serves
@@ -93,7 +97,7 @@ def _decode_only(layer):
     meta = metadata.get(layer.prefix) if isinstance(metadata, dict) else None
     if meta is None or meta.num_prefills != 0 or meta.num_decodes <= 0:
         return None
-    if meta.spec_sequence_masks is not None or getattr(meta, "num_accepted_tokens", None) is not None:
+    if meta.spec_sequence_masks is not None or meta.num_accepted_tokens is not None:
         return None
     if meta.num_decode_tokens != meta.num_decodes or meta.num_actual_tokens != meta.num_decodes:
         return None
@@ -113,7 +117,7 @@ def served_class() -> tuple[type, type]:
         def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
             # Traced by torch.compile (a server without --enforce-eager): vLLM's own, decided before anything of
             # ours runs (the profiling run traces the model before vLLM has bound the layer's state cache).
-            if torch.compiler.is_compiling():
+            if torch.compiler.is_compiling() or not DECODE.may_serve(hidden_states.device, hidden_states.dtype):
                 return super().forward(hidden_states)
             meta = _decode_only(self)
             if meta is not None and self._model_computes_this():
@@ -223,8 +227,13 @@ def probe() -> str | None:
     try:
         importlib.import_module(LAYOUT_MODULE).is_conv_state_dim_first  # noqa: B018
         importlib.import_module("vllm.forward_context").get_forward_context  # noqa: B018
+        metadata = importlib.import_module(METADATA_MODULE).GDNAttentionMetadata
     except (ImportError, AttributeError) as exc:
-        return f"vLLM's state layout or forward context is not where 0.32 has it ({exc})"
+        return f"vLLM's state layout, forward context or GDN metadata is not where 0.32 has it ({exc})"
+    fields = set(getattr(metadata, "__dataclass_fields__", ()))
+    missing = [f for f in METADATA_FIELDS if f not in fields]
+    if missing:
+        return f"{METADATA_MODULE}.GDNAttentionMetadata lacks {missing} (the adapter reads them each decode step)"
     return None
 
 

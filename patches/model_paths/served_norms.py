@@ -60,7 +60,7 @@ def served_classes() -> dict[str, tuple[type, type]]:
             # Traced by torch.compile (a server without --enforce-eager): vLLM's own, decided before anything of
             # ours runs, so the graph holds vLLM's forward and none of our bookkeeping.
             if (not torch.compiler.is_compiling() and residual is not None and residual.dtype == x.dtype
-                    and residual.shape == x.shape):
+                    and residual.shape == x.shape and ADD_NORM.may_serve(x.device, x.dtype)):
                 rows = _rows(x)
                 name = ADD_NORM.path(rows, rows, x.device, x.dtype)
                 if name is not None:
@@ -72,7 +72,8 @@ def served_classes() -> dict[str, tuple[type, type]]:
         """vLLM's RMSNormGated; the model's gated norm (`w * rms_norm(x) * silu(z)`) by the table's model path."""
 
         def forward(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
-            if not torch.compiler.is_compiling() and z is not None and self._model_computes_this(x, z):
+            if (not torch.compiler.is_compiling() and z is not None and self._model_computes_this(x, z)
+                    and GATED_NORM.may_serve(x.device, x.dtype)):
                 rows = _rows(x)
                 name = GATED_NORM.path(rows, rows, x.device, x.dtype)
                 if name is not None:

@@ -249,3 +249,39 @@ def test_traced_by_torch_compile_the_substitutes_are_vllms_own_forward_and_count
     layer._forward_method = lambda hidden_states: hidden_states * 2  # what vLLM's forward calls
     out = torch.compile(lambda h: layer(hidden_states=h), backend="eager", fullgraph=True)(x)
     assert torch.equal(out, x * 2) and served_choice.SERVED == {}
+
+
+# --- where no table row could serve (the platform before a BI-V100 table) ---------------------------------------
+
+
+def bare_gdn_layer():
+    """Our GDN subclass with nothing of vLLM's bound: no state cache, no weights, no forward context."""
+    _, gdn_class = served_gdn.served_class()
+    layer = gdn_class.__new__(gdn_class)
+    torch.nn.Module.__init__(layer)
+    layer._forward_method = lambda hidden_states: hidden_states * 2
+    return layer
+
+
+def test_without_a_row_that_could_serve_the_gdn_substitute_is_vllms_forward_before_it_reads_anything():
+    install(force=False)
+    x = inputs()[0]
+    assert torch.equal(bare_gdn_layer()(hidden_states=x), x * 2)  # no forward context is needed, none is read
+    assert served_choice.SERVED == {("gdn_layer_decode", "vllm"): 1}
+
+
+def test_a_table_row_for_the_gdn_layer_makes_it_read_vllms_metadata(tmp_path, monkeypatch):
+    install(force=False)
+    table(tmp_path, monkeypatch, {"gdn_layer_decode": "staged"})
+    with pytest.raises(AssertionError, match="[Ff]orward context"):  # vLLM's: no forward context outside a step
+        bare_gdn_layer()(hidden_states=inputs()[0])
+
+
+def test_gdn_metadata_without_a_field_the_adapter_reads_is_not_applicable(monkeypatch):
+    from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadata
+
+    fields = dict(GDNAttentionMetadata.__dataclass_fields__)
+    del fields["non_spec_state_indices_tensor"]
+    monkeypatch.setattr(GDNAttentionMetadata, "__dataclass_fields__", fields)
+    [_, row] = apply_patches(settings(False), ONLY)
+    assert row.state is PatchState.NOT_APPLICABLE and "non_spec_state_indices_tensor" in row.detail
