@@ -75,21 +75,26 @@ def _softplus(x):
 @triton.jit
 def _gdn_decode_kernel(
     proj_ptr, conv_w_ptr, a_log_ptr, dt_bias_ptr, norm_w_ptr,
-    conv_in_ptr, conv_out_ptr, rec_in_ptr, rec_out_ptr, out_ptr,
+    conv_in_ptr, conv_out_ptr, rec_in_ptr, rec_out_ptr, out_ptr, state_rows_ptr,
     stride_p, sci_b, sci_c, sci_w, sco_b, sco_c, sco_w, stride_wc, stride_ww,
     sri_b, sri_h, sri_k, sri_v, sro_b, sro_h, sro_k, sro_v, stride_o,
     q_scale, eps,
     NUM_K_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_K: tl.constexpr, HEAD_V: tl.constexpr,
     W: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BW: tl.constexpr, L2_EPS: tl.constexpr,
+    INDEXED: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)  # int64: b * stride cannot overflow at large batches
     h = tl.program_id(1)
+    if INDEXED:  # sequence b's state is row state_rows[b] of a cache (a server's slots), updated there
+        sb = tl.load(state_rows_ptr + b).to(tl.int64)
+    else:
+        sb = b
     key_dim = NUM_K_HEADS * HEAD_K
     num_v_heads = NUM_K_HEADS * GROUP
     value_dim = num_v_heads * HEAD_V
     conv_dim = 2 * key_dim + value_dim
     proj_row = proj_ptr + b * stride_p
-    conv_in, conv_out = conv_in_ptr + b * sci_b, conv_out_ptr + b * sco_b
+    conv_in, conv_out = conv_in_ptr + sb * sci_b, conv_out_ptr + sb * sco_b
     offs_k, offs_v = tl.arange(0, BK), tl.arange(0, BV)
     mask_k, mask_v = offs_k < HEAD_K, offs_v < HEAD_V
     mask_kv = mask_k[:, None] & mask_v[None, :]
@@ -108,7 +113,7 @@ def _gdn_decode_kernel(
         hv = h * GROUP + j
         v_ch = 2 * key_dim + hv * HEAD_V + offs_v
         v_win, v = _conv_window(proj_row, conv_in, sci_c, sci_w, conv_w_ptr, stride_wc, stride_ww, v_ch, mask_v, W, BW)
-        state = tl.load(rec_in_ptr + b * sri_b + hv * sri_h + offs_k[:, None] * sri_k + offs_v[None, :] * sri_v,
+        state = tl.load(rec_in_ptr + sb * sri_b + hv * sri_h + offs_k[:, None] * sri_k + offs_v[None, :] * sri_v,
                         mask=mask_kv, other=0.0)
         tl.debug_barrier()  # every read of the old v window and state before any write (in place)
         _store_shifted(v_win, conv_out, sco_c, sco_w, v_ch, mask_v, W, BW)
@@ -122,7 +127,7 @@ def _gdn_decode_kernel(
         delta = beta * (v - tl.sum(state * k[:, None], axis=0))
         state = state + k[:, None] * delta[None, :]
         o = tl.sum(state * q[:, None], axis=0)
-        tl.store(rec_out_ptr + b * sro_b + hv * sro_h + offs_k[:, None] * sro_k + offs_v[None, :] * sro_v,
+        tl.store(rec_out_ptr + sb * sro_b + hv * sro_h + offs_k[:, None] * sro_k + offs_v[None, :] * sro_v,
                  state, mask=mask_kv)
 
         z = tl.load(proj_row + conv_dim + hv * HEAD_V + offs_v, mask=mask_v, other=0.0).to(tl.float32)
@@ -166,14 +171,17 @@ def _check(proj: torch.Tensor, w, state, out_state) -> None:
 _PLANS = PlansByOwner()
 
 
-def fused_decode_core(proj: torch.Tensor, w, state, out_state) -> torch.Tensor:
+def fused_decode_core(proj: torch.Tensor, w, state, out_state, rows: torch.Tensor | None = None) -> torch.Tensor:
     """normed [B, HV*V] in proj's dtype from proj [B, conv_dim + value_dim + 2*HV] (= x @ w.in_proj_stacked^T),
     the weights `w` (GDNWeights) and `state` (GDNState); writes the state after the token into `out_state`,
-    which may be `state` itself. Shapes are the caller's to check (model.gdn.decode_layer)."""
+    which may be `state` itself. `rows` (int32 or int64 [B]): the states are caches of any number of rows and
+    sequence b's is row rows[b] (a server's state slots, advanced in place without a gather and a scatter); rows
+    must be distinct. Shapes are the caller's to check (model.gdn.decode_layer)."""
     ci, co, ri, ro = state.conv, out_state.conv, state.recurrent, out_state.recurrent
     # Everything the kernel specialises on that can change between calls with one weights object (the weights'
     # own layout is fixed; `normed` is a fresh allocation, always aligned).
     key = (proj.shape, proj.dtype, proj.device, proj.stride(), proj.data_ptr() % 16,
+           None if rows is None else (rows.dtype, rows.data_ptr() % 16),
            *((t.dtype, t.stride(), t.data_ptr() % 16) for t in (ci, co, ri, ro)))
     plans = _PLANS.of(w)
     plan = plans.get(key)
@@ -187,9 +195,10 @@ def fused_decode_core(proj: torch.Tensor, w, state, out_state) -> torch.Tensor:
         return normed
     bk, bv, bw, num_warps = _tile(d.head_k_dim, d.head_v_dim, d.conv_kernel)
     meta = {"NUM_K_HEADS": d.num_k_heads, "GROUP": d.group, "HEAD_K": d.head_k_dim, "HEAD_V": d.head_v_dim,
-            "W": d.conv_kernel, "BK": bk, "BV": bv, "BW": bw, "L2_EPS": L2NORM_EPS, "num_warps": num_warps}
+            "W": d.conv_kernel, "BK": bk, "BV": bv, "BW": bw, "L2_EPS": L2NORM_EPS, "INDEXED": rows is not None,
+            "num_warps": num_warps}
     plan(_gdn_decode_kernel, (batch, d.num_k_heads), meta)(
-        proj, w.conv1d, w.A_log, w.dt_bias, w.norm, ci, co, ri, ro, normed,
+        proj, w.conv1d, w.A_log, w.dt_bias, w.norm, ci, co, ri, ro, normed, proj if rows is None else rows,
         proj.stride(0), *ci.stride(), *co.stride(), *w.conv1d.stride(), *ri.stride(), *ro.stride(), normed.stride(0),
         d.head_k_dim ** -0.5, d.eps,
     )

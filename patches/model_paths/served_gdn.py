@@ -10,8 +10,9 @@ What it serves: a decode-only step (vLLM's GDN metadata for this layer says no p
 one token per request), block `gdn_layer_decode`, keyed by the batch (model.gdn.GDN_DECODE_LAYER_PATHS):
 - `staged`: the model's blocks one after another (conv, gating, delta rule, gated norm; each its own serving
   choice), torch ops: what runs on a CPU;
-- `triton`: the fused Triton kernel for conv, gating, rule and gated norm (model.gdn.triton_decode_layer) over the
-  gathered rows of this step's requests.
+- `triton`: the fused Triton kernel for conv, gating, rule and gated norm (model.gdn.triton_decode_layer), which
+  reads and advances this step's requests' rows of vLLM's caches in place (its `rows` argument). It keeps the
+  recurrent state in float32: with another recurrent cache dtype vLLM's own serves, logged once.
 Prefill and mixed prefill + decode steps run vLLM's own layer: vLLM's chunked kernels (FLA's on GPUs, its C++ ones
 on CPUs) write the state a decode step then reads, and a prefill runs once per request where the decode step runs
 once per output token, so the launch count a token pays is the decode step's.
@@ -20,7 +21,8 @@ The adapter, which the on/off server test checks (a wrong state index or a trans
 - vLLM's projections and its own layout code (`prepare_gdn_attention_core_inputs`: the Qwen3-Next interleaved or
   the Qwen3.5 flat layout) give q, k, v, z, b, a; vLLM's `out_proj` (its tensor-parallel all-reduce included)
   takes the normed output. Only the middle is the model's.
-- state: the rows `non_spec_state_indices_tensor[:B]` of vLLM's caches, gathered, advanced one token, written back.
+- state: the rows `non_spec_state_indices_tensor[:B]` of vLLM's caches, advanced one token (`staged` gathers them
+  and writes them back; `triton` indexes them in place).
   The conv cache is [slots, dim, W-1] or, in vLLM's other orientation, [slots, W-1, dim] (`is_conv_state_dim_first`).
   The recurrent cache is declared [slots, HV, V, K] and its memory read differently per platform: FLA's Triton
   kernels (GPUs) index it as [V, K], vLLM's CPU kernels view it as [K, V] (`ssm_state.view(..., k_dim, v_dim)` in
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +66,8 @@ METADATA_FIELDS = ("num_prefills", "num_decodes", "num_decode_tokens", "num_actu
 SERVABLE = ("staged", "triton")  # the decode-layer paths this adapter runs (the reference is a test's)
 
 BLOCKS = ("gdn_layer_decode",)  # the dispatch-table blocks this patch serves
+
+_log = logging.getLogger("vllm.qwen36.patches.served_blocks")  # under "vllm." to share vLLM's log handler
 
 DECODE = BlockServing("gdn_layer_decode", GDN_DECODE_LAYER_PATHS,
                       lambda batch, device, dtype: select_decode_layer_path(batch, device, dtype))
@@ -104,6 +109,21 @@ def _decode_only(layer):
     return meta
 
 
+def _refuse_triton(state_dtype: torch.dtype) -> None:
+    """None (vLLM's own): the fused kernel keeps the recurrent state in float32, and this server's cache is not
+    (`--mamba-ssm-cache-dtype float32` gives it one). Logged once."""
+    if not _Refused.logged:
+        _Refused.logged = True
+        _log.warning("qwen36 served gdn_layer_decode: the table's `triton` needs a float32 recurrent state cache, "
+                     "this server's is %s: vLLM's own serves (start vLLM with --mamba-ssm-cache-dtype float32)",
+                     state_dtype)
+    return None
+
+
+class _Refused:
+    logged = False
+
+
 @functools.cache
 def served_class() -> tuple[type, type]:
     """(vLLM's class, ours); built once, so a second install registers the same class."""
@@ -122,6 +142,8 @@ def served_class() -> tuple[type, type]:
             meta = _decode_only(self)
             if meta is not None and self._model_computes_this():
                 name = DECODE.path(meta.num_decodes, 1, hidden_states.device, hidden_states.dtype)
+                if name == "triton" and self.kv_cache[1].dtype != torch.float32:
+                    name = _refuse_triton(self.kv_cache[1].dtype)
                 if name in SERVABLE:
                     return self._served_decode(hidden_states, meta, name)
             return super().forward(hidden_states)
@@ -169,47 +191,44 @@ def served_class() -> tuple[type, type]:
             ba, _ = self.in_proj_ba(hidden_states)
             mixed_qkv, z, b, a = self.prepare_gdn_attention_core_inputs(mixed_qkvz, ba, tokens)
             mixed_qkv, z, b, a = mixed_qkv[:batch], z[:batch], b[:batch], a[:batch]
-
-            rows = meta.non_spec_state_indices_tensor[:batch].to(torch.long)
-            conv_cache, recurrent_cache = self._state_views()
-            state = GDNState(conv=conv_cache.index_select(0, rows), recurrent=recurrent_cache.index_select(0, rows))
-            if name == "triton":
-                normed = self._core_triton(mixed_qkv, z, b, a, state)
-            else:
-                normed = self._core_staged(mixed_qkv, z, b, a, state)
-            conv_cache.index_copy_(0, rows, state.conv.to(conv_cache.dtype))
-            recurrent_cache.index_copy_(0, rows, state.recurrent.to(recurrent_cache.dtype))
-
-            core = hidden_states.new_zeros(tokens, normed.shape[-1])
-            core[:batch] = normed
-            output, _ = self.out_proj(core)
+            rows = meta.non_spec_state_indices_tensor[:batch]
+            core = self._core_triton if name == "triton" else self._core_staged
+            normed = core(mixed_qkv, z, b, a, *self._state_views(), rows)
+            if tokens != batch:  # padded rows (a captured batch size): zeros, as vLLM's core leaves them
+                normed = torch.cat([normed, normed.new_zeros(tokens - batch, normed.shape[-1])])
+            output, _ = self.out_proj(normed)
             return output
 
-        def _core_staged(self, mixed_qkv, z, b, a, state: GDNState) -> torch.Tensor:
-            """The model's blocks one after another (model.gdn.staged's order); advances `state` in place."""
+        def _core_staged(self, mixed_qkv, z, b, a, conv_cache, recurrent_cache, rows) -> torch.Tensor:
+            """The model's blocks one after another (model.gdn.staged's order) on the gathered rows `rows` of the
+            caches, written back after the step."""
             d = self._core_weights().dims
             batch, device, dtype = mixed_qkv.shape[0], mixed_qkv.device, mixed_qkv.dtype
+            rows = rows.to(torch.long)
             conv = select_conv_path(1, device, dtype)
-            mixed, conv_state = run_conv_path(conv, mixed_qkv.unsqueeze(1), self._conv_weight(), state.conv)
+            mixed, conv_state = run_conv_path(conv, mixed_qkv.unsqueeze(1), self._conv_weight(),
+                                              conv_cache.index_select(0, rows))
             q, k, v = mixed.split([d.key_dim, d.key_dim, d.value_dim], dim=-1)
             q = q.reshape(batch, 1, d.num_k_heads, d.head_k_dim)
             k = k.reshape(batch, 1, d.num_k_heads, d.head_k_dim)
             v = v.reshape(batch, 1, d.num_v_heads, d.head_v_dim)
             g, beta = gdn_gating(a.unsqueeze(1), b.unsqueeze(1), self.A_log, self.dt_bias)
             rule = select_rule_path(1, batch, device, v.dtype)
-            core, recurrent = run_gdn_rule(rule, q, k, v, g, beta, state.recurrent.float())
+            core, recurrent = run_gdn_rule(rule, q, k, v, g, beta, recurrent_cache.index_select(0, rows).float())
             norm = select_gated_norm_path(batch, device, dtype)
             normed = GATED_NORM_PATHS[norm].fn(core.to(dtype), self.norm.weight, d.eps,
                                                z.reshape(batch, 1, d.num_v_heads, d.head_v_dim))
-            state.conv.copy_(conv_state)
-            state.recurrent.copy_(recurrent)
+            conv_cache.index_copy_(0, rows, conv_state.to(conv_cache.dtype))
+            recurrent_cache.index_copy_(0, rows, recurrent.to(recurrent_cache.dtype))
             return normed.reshape(batch, d.value_dim)
 
-        def _core_triton(self, mixed_qkv, z, b, a, state: GDNState) -> torch.Tensor:
-            """The fused kernel over [q | k | v | z | b | a] rows; advances `state` in place."""
+        def _core_triton(self, mixed_qkv, z, b, a, conv_cache, recurrent_cache, rows) -> torch.Tensor:
+            """The fused kernel over [q | k | v | z | b | a] rows, advancing rows `rows` of the caches in place (no
+            gather, no scatter)."""
             batch = mixed_qkv.shape[0]
             proj = torch.cat([mixed_qkv, z.reshape(batch, -1), b, a], dim=-1)
-            return triton_decode_layer.fused_decode_core(proj, self._core_weights(), state, state)
+            cache = GDNState(conv=conv_cache, recurrent=recurrent_cache)
+            return triton_decode_layer.fused_decode_core(proj, self._core_weights(), cache, cache, rows)
 
     return in_tree, ServedQwenGatedDeltaNet
 

@@ -23,7 +23,9 @@ from hypothesis import strategies as st
 from model.gdn import GDN_DECODE_LAYER_PATHS, GDNState, decode_layer, triton_decode_layer
 from model.tolerances import GDN_DECODE_LAYER, GDN_DECODE_LAYER_STATE
 from tests.numerics.kernel_mutants import FALSIFY, load_mutant
-from tests.numerics.test_gdn_decode_layer import DecodeCase, check_decode_layer_path, decode_cases, decode_inputs, edge_cases
+from tests.numerics.test_gdn_decode_layer import (
+    DecodeCase, check_decode_layer_path, check_indexed_rows_equal_a_batch, decode_cases, decode_inputs, edge_cases,
+)
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 PATH = GDN_DECODE_LAYER_PATHS["triton"]
@@ -88,3 +90,10 @@ def test_refuses_what_the_kernel_cannot_compute():
         PATH.fn(x, w, half_state, half_state)
     with pytest.raises(TypeError, match="not torch.float64"):
         PATH.fn(x.double(), w.to(torch.float64), state, state.empty_like())
+
+
+@pytest.mark.parametrize("dims", ["group2", "odd"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_indexed_state_rows_equal_a_batch(batch, dtype, dims):
+    check_indexed_rows_equal_a_batch(DecodeCase(dims, batch, dtype, seed=batch))

@@ -300,3 +300,33 @@ def test_decode_layer_choice_follows_the_table_where_it_names_a_path_that_runs(d
     with spying:
         gdn_layer(randn(gen, 2, 1, TINY_GDN.hidden_size), random_gdn_weights(gen, TINY_GDN, F32))
     assert calls == ["reference"], "gdn_layer's one-token step runs the table's path"
+
+
+def check_indexed_rows_equal_a_batch(case: DecodeCase, device="cpu", dims: GDNDims | None = None) -> None:
+    """The fused kernel's `rows` mode (a server's state slots, advanced in place) against its plain batch mode on
+    the same sequences: the same output and the same new state bit for bit (the same arithmetic, other addresses),
+    and every slot no row names untouched. Run compiled by the GPU file and interpreted by
+    gdn_decode_interpreter_checks.py."""
+    from model.gdn import triton_decode_layer
+
+    x, w, state = decode_inputs(case, device, dims)
+    batch = case.batch
+    proj = torch.nn.functional.linear(x.reshape(batch, -1), w.in_proj_stacked)
+    plain_state = state.empty_like()
+    plain = triton_decode_layer.fused_decode_core(proj, w, state, plain_state)
+
+    slots = batch + 3
+    rows = torch.randperm(slots, generator=torch.Generator().manual_seed(case.seed))[:batch].to(torch.int32)
+    conv = torch.randn((slots, *state.conv.shape[1:]), generator=torch.Generator().manual_seed(1)).to(state.conv)
+    recurrent = torch.randn((slots, *state.recurrent.shape[1:]),
+                            generator=torch.Generator().manual_seed(2)).to(state.recurrent)
+    long_rows = rows.to(device=device, dtype=torch.long)
+    conv[long_rows], recurrent[long_rows] = state.conv, state.recurrent
+    before = GDNState(conv.clone(), recurrent.clone())
+    cache = GDNState(conv, recurrent)
+    indexed = triton_decode_layer.fused_decode_core(proj, w, cache, cache, rows.to(device))
+
+    assert torch.equal(indexed, plain)
+    assert torch.equal(conv[long_rows], plain_state.conv) and torch.equal(recurrent[long_rows], plain_state.recurrent)
+    others = torch.tensor([r for r in range(slots) if r not in rows.tolist()], dtype=torch.long, device=device)
+    assert torch.equal(conv[others], before.conv[others]) and torch.equal(recurrent[others], before.recurrent[others])

@@ -13,7 +13,9 @@ import torch
 
 from model.gdn import GDN_DECODE_LAYER_PATHS, GDNDims
 from model.tolerances import GDN_DECODE_LAYER, GDN_DECODE_LAYER_STATE
-from tests.numerics.test_gdn_decode_layer import DecodeCase, check_decode_layer_path, decode_inputs, decode_layer_errors
+from tests.numerics.test_gdn_decode_layer import (
+    DecodeCase, check_decode_layer_path, check_indexed_rows_equal_a_batch, decode_inputs, decode_layer_errors,
+)
 from tests.numerics.gpu_timing import eager_wall_us, write_gpu_report
 
 pytestmark = pytest.mark.gpu
@@ -48,6 +50,13 @@ def test_triton_decode_layer_equals_float64_reference_at_real_dims(dtype, batch)
     out_bound, state_bound = GDN_DECODE_LAYER["triton"][dtype], GDN_DECODE_LAYER_STATE["triton"][dtype]
     assert out_err <= out_bound, f"output: {out_err:.3e} > {out_bound:.1e}"
     assert conv_err <= state_bound and rec_err <= state_bound, f"state: {conv_err:.3e}, {rec_err:.3e} > {state_bound:.1e}"
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
+def test_indexed_state_rows_equal_a_batch_at_real_dims(dtype, batch):
+    """The served GDN layer's mode: a server's state slots advanced in place, bit for bit the batch mode."""
+    check_indexed_rows_equal_a_batch(DecodeCase("real", batch, _name(dtype), seed=batch), CUDA, dims=REAL)
 
 
 def test_triton_decode_layer_is_one_triton_kernel_between_two_gemms():

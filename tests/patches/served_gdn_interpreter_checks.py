@@ -16,7 +16,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from model.gdn import GDNState
 from model.tolerances import GDN_DECODE_LAYER, GDN_DECODE_LAYER_STATE
 from patches.model_paths import served_gdn
 from tests.numerics.compare import relative_error
@@ -41,39 +40,49 @@ def served_layer(heads: int, v_heads: int, k_dim: int, v_dim: int, width: int, t
     return layer, conv_dim, local_k, local_v, g
 
 
+SLOTS = 6  # the caches' rows; the step's requests hold some of them, in no particular order
+
+
+def step_inputs(conv_dim: int, local_v: int, k_dim: int, v_dim: int, width: int, batch: int, g):
+    mixed_qkv = torch.randn(batch, conv_dim, generator=g)
+    z = torch.randn(batch, local_v, v_dim, generator=g)
+    b, a = torch.randn(batch, local_v, generator=g), torch.randn(batch, local_v, generator=g)
+    conv_cache = torch.randn(SLOTS, conv_dim, width - 1, generator=g)
+    recurrent_cache = torch.randn(SLOTS, local_v, k_dim, v_dim, generator=g) * 0.3
+    rows = torch.randperm(SLOTS, generator=g)[:batch].to(torch.int32)
+    return (mixed_qkv, z, b, a), conv_cache, recurrent_cache, rows
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize(("heads", "v_heads", "tp"), [(2, 4, 1), (4, 8, 2)])
 def test_the_triton_core_equals_the_staged_core_through_the_adapter(batch, heads, v_heads, tp):
     k_dim, v_dim, width = 16, 8, 4
     layer, conv_dim, _, local_v, g = served_layer(heads, v_heads, k_dim, v_dim, width, tp, seed=batch + heads)
-    mixed_qkv = torch.randn(batch, conv_dim, generator=g)
-    z = torch.randn(batch, local_v, v_dim, generator=g)
-    b, a = torch.randn(batch, local_v, generator=g), torch.randn(batch, local_v, generator=g)
-    conv = torch.randn(batch, conv_dim, width - 1, generator=g)
-    recurrent = torch.randn(batch, local_v, k_dim, v_dim, generator=g) * 0.3
+    step, conv_cache, recurrent_cache, rows = step_inputs(conv_dim, local_v, k_dim, v_dim, width, batch, g)
 
-    staged_state = GDNState(conv.clone(), recurrent.clone())
-    staged = layer._core_staged(mixed_qkv, z, b, a, staged_state)
-    triton_state = GDNState(conv.clone(), recurrent.clone())
-    fused = layer._core_triton(mixed_qkv, z, b, a, triton_state)
+    staged_conv, staged_rec = conv_cache.clone(), recurrent_cache.clone()
+    staged = layer._core_staged(*step, staged_conv, staged_rec, rows)
+    triton_conv, triton_rec = conv_cache.clone(), recurrent_cache.clone()
+    fused = layer._core_triton(*step, triton_conv, triton_rec, rows)
 
     assert fused.shape == staged.shape == (batch, local_v * v_dim)
     bound = 2 * GDN_DECODE_LAYER["triton"][F32]
     state_bound = 2 * GDN_DECODE_LAYER_STATE["triton"][F32]
     assert relative_error(fused, staged) <= bound
-    assert relative_error(triton_state.recurrent, staged_state.recurrent) <= state_bound
-    assert relative_error(triton_state.conv, staged_state.conv) <= state_bound
-    assert not torch.equal(staged_state.recurrent, recurrent)  # the step advanced the state it was handed
+    assert relative_error(triton_rec, staged_rec) <= state_bound
+    assert relative_error(triton_conv, staged_conv) <= state_bound
+    others = [r for r in range(SLOTS) if r not in rows.tolist()]
+    for cache, before in ((triton_conv, conv_cache), (triton_rec, recurrent_cache), (staged_conv, conv_cache),
+                          (staged_rec, recurrent_cache)):
+        assert torch.equal(cache[others], before[others])  # other requests' slots untouched
+        assert not torch.equal(cache[rows.long()], before[rows.long()])  # the step's slots advanced
 
 
 def test_a_stacking_mistake_is_far_outside_the_bound(monkeypatch):
     """The check itself: the row stacked as [q | k | v | b | a | z] instead of [q | k | v | z | b | a] fails it."""
     layer, conv_dim, _, local_v, g = served_layer(2, 4, 16, 8, 4, 1, seed=0)
-    mixed_qkv = torch.randn(2, conv_dim, generator=g)
-    z = torch.randn(2, local_v, 8, generator=g)
-    b, a = torch.randn(2, local_v, generator=g), torch.randn(2, local_v, generator=g)
-    state = GDNState(torch.randn(2, conv_dim, 3, generator=g), torch.randn(2, local_v, 16, 8, generator=g) * 0.3)
-    staged = layer._core_staged(mixed_qkv, z, b, a, GDNState(state.conv.clone(), state.recurrent.clone()))
+    step, conv_cache, recurrent_cache, rows = step_inputs(conv_dim, local_v, 16, 8, 4, 2, g)
+    staged = layer._core_staged(*step, conv_cache.clone(), recurrent_cache.clone(), rows)
     real_cat = torch.cat
 
     def misordered(tensors, dim=0):
@@ -83,5 +92,20 @@ def test_a_stacking_mistake_is_far_outside_the_bound(monkeypatch):
         return real_cat(parts, dim=dim)
 
     monkeypatch.setattr(served_gdn.torch, "cat", misordered)
-    fused = layer._core_triton(mixed_qkv, z, b, a, GDNState(state.conv.clone(), state.recurrent.clone()))
+    fused = layer._core_triton(*step, conv_cache.clone(), recurrent_cache.clone(), rows)
+    assert relative_error(fused, staged) > 100 * GDN_DECODE_LAYER["triton"][F32]
+
+
+def test_rows_ignored_by_the_kernel_would_fail(monkeypatch):
+    """The check itself: a kernel reading row b instead of rows[b] (the INDEXED branch dropped) fails it."""
+    from model.gdn import triton_decode_layer
+
+    layer, conv_dim, _, local_v, g = served_layer(2, 4, 16, 8, 4, 1, seed=1)
+    step, conv_cache, recurrent_cache, rows = step_inputs(conv_dim, local_v, 16, 8, 4, 3, g)
+    rows = torch.tensor([5, 3, 1], dtype=torch.int32)
+    staged = layer._core_staged(*step, conv_cache.clone(), recurrent_cache.clone(), rows)
+    real = triton_decode_layer.fused_decode_core
+    monkeypatch.setattr(triton_decode_layer, "fused_decode_core",
+                        lambda proj, w, state, out_state, rows=None: real(proj, w, state, out_state))
+    fused = layer._core_triton(*step, conv_cache.clone(), recurrent_cache.clone(), rows)
     assert relative_error(fused, staged) > 100 * GDN_DECODE_LAYER["triton"][F32]
