@@ -85,15 +85,26 @@ def _events(path: Path) -> list[dict]:
 
 
 def _count_step(step: dict, ops: list[dict], modules: list[dict]) -> Counter:
+    """`ops` and `modules` of one thread, each sorted by start. A module's interval holds its sub-modules'
+    (Python calls nest), so one sweep with a stack of the open modules finds each op's innermost one."""
     start, end = step["ts"], step["ts"] + step["dur"]
-    inside = [m for m in modules if start <= m["ts"] and m["ts"] + m["dur"] <= end]
     counts: Counter = Counter()
+    open_modules: list[dict] = []
+    pending = iter(m for m in modules if start <= m["ts"] and m["ts"] + m["dur"] <= end)
+    upcoming = next(pending, None)
     for op in ops:
-        if not (start <= op["ts"] <= end):
+        if op["ts"] < start:
             continue
-        enclosing = [m for m in inside if m["ts"] <= op["ts"] <= m["ts"] + m["dur"]]
-        kind = next((m["kind"] for m in sorted(enclosing, key=lambda m: -m["ts"])), "other")
-        counts[kind] += 1
+        if op["ts"] > end:
+            break
+        while upcoming is not None and upcoming["ts"] <= op["ts"]:
+            while open_modules and open_modules[-1]["end"] < upcoming["ts"]:
+                open_modules.pop()
+            open_modules.append({"end": upcoming["ts"] + upcoming["dur"], "kind": upcoming["kind"]})
+            upcoming = next(pending, None)
+        while open_modules and open_modules[-1]["end"] < op["ts"]:
+            open_modules.pop()
+        counts[open_modules[-1]["kind"] if open_modules else "other"] += 1
     return counts
 
 
@@ -104,13 +115,14 @@ def decode_step_counts(trace_files: list[Path], batch: int) -> StepCount:
         events = [e for e in _events(path) if e.get("ph") == "X" and "dur" in e]
         for thread in {(e.get("pid"), e.get("tid")) for e in events}:
             mine = [e for e in events if (e.get("pid"), e.get("tid")) == thread]
-            ops = [e for e in mine if e.get("cat") == "cpu_op"]
+            ops = sorted((e for e in mine if e.get("cat") == "cpu_op"), key=lambda e: e["ts"])
             modules = []
             for e in mine:
                 match = _MODULE_EVENT.match(e["name"]) if e.get("cat") == "python_function" else None
                 kind = block_kind(match.group(1)) if match else None
                 if kind:
                     modules.append({"ts": e["ts"], "dur": e["dur"], "kind": kind})
+            modules.sort(key=lambda m: m["ts"])
             for e in mine:
                 step = _STEP.match(e["name"]) if e.get("cat") == "user_annotation" else None
                 if step and int(step.group(1)) == 0 and int(step.group(3)) == batch:
