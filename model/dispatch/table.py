@@ -106,14 +106,15 @@ class DispatchTable:
     blocks: Mapping[str, tuple[TokenRange, ...]]
     source: str  # the file it was read from
 
+    def ranges_for(self, block: str, dtype: torch.dtype | None) -> tuple[TokenRange, ...]:
+        """The block's ranges, none for another dtype than the table's."""
+        if dtype is not None and str(dtype).removeprefix("torch.") != self.dtype:
+            return ()
+        return self.blocks.get(block, ())
+
     def path_for(self, block: str, n: int, dtype: torch.dtype | None) -> str | None:
         """The table's path for `n` (tokens or batch, as the block counts), or None outside its ranges or dtype."""
-        if dtype is not None and str(dtype).removeprefix("torch.") != self.dtype:
-            return None
-        for r in self.blocks.get(block, ()):
-            if r.holds(n):
-                return r.path
-        return None
+        return next((r.path for r in self.ranges_for(block, dtype) if r.holds(n)), None)
 
 
 def table_file_name(device_name: str) -> str:

@@ -19,7 +19,7 @@ from ..norm.rms_norm import GATED_NORM_PATHS, compute_dtype
 from .conv import CONV_PATHS, run_conv_path
 from .rule import GDN_RULE_PATHS, run_gdn_rule
 
-__all__ = ["gdn_gating", "select_conv_path", "select_gated_norm_path", "select_rule_path", "staged_layer"]
+__all__ = ["gdn_gating", "select_conv_path", "select_gated_norm_path", "select_rule_path", "staged_core", "staged_layer"]
 
 
 def gdn_gating(
@@ -87,17 +87,42 @@ def staged_layer(
     it must not overlap `recurrent`. Neither input state is modified."""
     d = w.dims
     batch, tokens, _ = x.shape
-    conv = conv or select_conv_path(tokens, x.device, x.dtype)
-    mixed, conv_state = run_conv_path(conv, F.linear(x, w.in_proj_qkv), w.conv1d, conv_state)
+    z = F.linear(x, w.in_proj_z).reshape(batch, tokens, d.num_v_heads, d.head_v_dim)
+    normed, conv_state, recurrent = staged_core(
+        F.linear(x, w.in_proj_qkv), z, F.linear(x, w.in_proj_b), F.linear(x, w.in_proj_a), w, conv_state, recurrent,
+        rule=rule, conv=conv, norm=norm, final_state=final_state)
+    y = F.linear(normed.reshape(batch, tokens, d.value_dim), w.out_proj)
+    return y, conv_state, recurrent
+
+
+def staged_core(
+    qkv: torch.Tensor,
+    z: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    w,
+    conv_state: torch.Tensor,
+    recurrent: torch.Tensor,
+    *,
+    rule: str | None,
+    conv: str | None,
+    norm: str | None,
+    final_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The layer between its input projections and out_proj: (normed [B, T, HV, V] in qkv's dtype, the conv state
+    and the recurrent state after the last token) for the projected qkv [B, T, conv_dim], z [B, T, HV, V] and
+    b, a [B, T, HV]. `w` needs only conv1d, A_log, dt_bias, norm and dims (a GDNWeights, or a server's layer's
+    own tensors: patches/model_paths/served_gdn.py). Arguments as staged_layer's."""
+    d = w.dims
+    batch, tokens, _ = qkv.shape
+    conv = conv or select_conv_path(tokens, qkv.device, qkv.dtype)
+    mixed, conv_state = run_conv_path(conv, qkv, w.conv1d, conv_state)
     q, k, v = mixed.split([d.key_dim, d.key_dim, d.value_dim], dim=-1)
     q = q.reshape(batch, tokens, d.num_k_heads, d.head_k_dim)
     k = k.reshape(batch, tokens, d.num_k_heads, d.head_k_dim)
     v = v.reshape(batch, tokens, d.num_v_heads, d.head_v_dim)
-    g, beta = gdn_gating(F.linear(x, w.in_proj_a), F.linear(x, w.in_proj_b), w.A_log, w.dt_bias)
-    rule = rule or select_rule_path(tokens, batch, x.device, v.dtype)
+    g, beta = gdn_gating(a, b, w.A_log, w.dt_bias)
+    rule = rule or select_rule_path(tokens, batch, qkv.device, v.dtype)
     core, recurrent = run_gdn_rule(rule, q, k, v, g, beta, recurrent, final_state=final_state)
-    z = F.linear(x, w.in_proj_z).reshape(batch, tokens, d.num_v_heads, d.head_v_dim)
-    norm = norm or select_gated_norm_path(batch * tokens, x.device, x.dtype)
-    normed = GATED_NORM_PATHS[norm].fn(core.to(x.dtype), w.norm, d.eps, z)
-    y = F.linear(normed.reshape(batch, tokens, d.value_dim), w.out_proj)
-    return y, conv_state, recurrent
+    norm = norm or select_gated_norm_path(batch * tokens, qkv.device, qkv.dtype)
+    return GATED_NORM_PATHS[norm].fn(core.to(qkv.dtype), w.norm, d.eps, z), conv_state, recurrent

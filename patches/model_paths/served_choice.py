@@ -110,8 +110,7 @@ class BlockServing:
         answer = self._may.get(question)
         if answer is None:
             table = table_choice_for(device).table
-            rows = () if table is None or str(dtype).removeprefix("torch.") != table.dtype else \
-                table.blocks.get(self.block, ())
+            rows = () if table is None else table.ranges_for(self.block, dtype)
             answer = self._may[question] = _State.force or any(r.path != VLLM_OWN for r in rows)
             if not answer:
                 self._served(None, "no table row for this device and dtype names a model path")

@@ -40,12 +40,9 @@ from dataclasses import dataclass
 
 import torch
 
-from model.gdn import (
-    GDN_DECODE_LAYER_PATHS, GDNDims, GDNState, gdn_gating, run_conv_path, run_gdn_rule, select_conv_path,
-    select_decode_layer_path, select_gated_norm_path, select_rule_path,
-)
+from model.gdn import GDN_DECODE_LAYER_PATHS, GDNDims, GDNState, select_decode_layer_path
 from model.gdn.decode_layer import triton_decode_layer
-from model.norm.rms_norm import GATED_NORM_PATHS
+from model.gdn.staged import staged_core
 
 from ..core import oot
 from ..core.registry import Patch
@@ -69,8 +66,7 @@ BLOCKS = ("gdn_layer_decode",)  # the dispatch-table blocks this patch serves
 
 _log = logging.getLogger("vllm.qwen36.patches.served_blocks")  # under "vllm." to share vLLM's log handler
 
-DECODE = BlockServing("gdn_layer_decode", GDN_DECODE_LAYER_PATHS,
-                      lambda batch, device, dtype: select_decode_layer_path(batch, device, dtype))
+DECODE = BlockServing("gdn_layer_decode", GDN_DECODE_LAYER_PATHS, select_decode_layer_path)
 
 
 def recurrent_as_kv(ssm: torch.Tensor) -> torch.Tensor:
@@ -149,8 +145,7 @@ def served_class() -> tuple[type, type]:
             return super().forward(hidden_states)
 
         def _model_computes_this(self) -> bool:
-            width = self.conv1d.weight.shape[-1] if not hasattr(self.conv1d, "_cpu_unpacked_conv_weight") \
-                else self.conv1d._cpu_unpacked_conv_weight.shape[-1]
+            width = self._conv_weight().shape[-1]
             kv_cache = getattr(self, "kv_cache", None)
             if not kv_cache:
                 return False
@@ -200,27 +195,17 @@ def served_class() -> tuple[type, type]:
             return output
 
         def _core_staged(self, mixed_qkv, z, b, a, conv_cache, recurrent_cache, rows) -> torch.Tensor:
-            """The model's blocks one after another (model.gdn.staged's order) on the gathered rows `rows` of the
+            """The model's blocks one after another (model.gdn.staged.staged_core) on the gathered rows `rows` of the
             caches, written back after the step."""
-            d = self._core_weights().dims
-            batch, device, dtype = mixed_qkv.shape[0], mixed_qkv.device, mixed_qkv.dtype
+            batch = mixed_qkv.shape[0]
             rows = rows.to(torch.long)
-            conv = select_conv_path(1, device, dtype)
-            mixed, conv_state = run_conv_path(conv, mixed_qkv.unsqueeze(1), self._conv_weight(),
-                                              conv_cache.index_select(0, rows))
-            q, k, v = mixed.split([d.key_dim, d.key_dim, d.value_dim], dim=-1)
-            q = q.reshape(batch, 1, d.num_k_heads, d.head_k_dim)
-            k = k.reshape(batch, 1, d.num_k_heads, d.head_k_dim)
-            v = v.reshape(batch, 1, d.num_v_heads, d.head_v_dim)
-            g, beta = gdn_gating(a.unsqueeze(1), b.unsqueeze(1), self.A_log, self.dt_bias)
-            rule = select_rule_path(1, batch, device, v.dtype)
-            core, recurrent = run_gdn_rule(rule, q, k, v, g, beta, recurrent_cache.index_select(0, rows).float())
-            norm = select_gated_norm_path(batch, device, dtype)
-            normed = GATED_NORM_PATHS[norm].fn(core.to(dtype), self.norm.weight, d.eps,
-                                               z.reshape(batch, 1, d.num_v_heads, d.head_v_dim))
+            normed, conv_state, recurrent = staged_core(
+                mixed_qkv.unsqueeze(1), z.unsqueeze(1), b.unsqueeze(1), a.unsqueeze(1), self._core_weights(),
+                conv_cache.index_select(0, rows), recurrent_cache.index_select(0, rows).float(),
+                rule=None, conv=None, norm=None)
             conv_cache.index_copy_(0, rows, conv_state.to(conv_cache.dtype))
             recurrent_cache.index_copy_(0, rows, recurrent.to(recurrent_cache.dtype))
-            return normed.reshape(batch, d.value_dim)
+            return normed.reshape(batch, -1)
 
         def _core_triton(self, mixed_qkv, z, b, a, conv_cache, recurrent_cache, rows) -> torch.Tensor:
             """The fused kernel over [q | k | v | z | b | a] rows, advancing rows `rows` of the caches in place (no

@@ -35,10 +35,8 @@ SEAM_CLASSES = ("GemmaRMSNorm", "RMSNormGated")
 
 BLOCKS = ("add_rms_norm", "gdn_gated_norm")  # the dispatch-table blocks this patch serves
 
-ADD_NORM = BlockServing("add_rms_norm", ADD_RMS_NORM_PATHS,
-                        lambda rows, device, dtype: select_add_rms_norm_path(rows, device, dtype))
-GATED_NORM = BlockServing("gdn_gated_norm", GATED_NORM_PATHS,
-                          lambda rows, device, dtype: select_gated_norm_path(rows, device, dtype))
+ADD_NORM = BlockServing("add_rms_norm", ADD_RMS_NORM_PATHS, select_add_rms_norm_path)
+GATED_NORM = BlockServing("gdn_gated_norm", GATED_NORM_PATHS, select_gated_norm_path)
 
 
 def _rows(x: torch.Tensor) -> int:
