@@ -41,7 +41,7 @@ def _sources_copy(dest: Path) -> Path:
     ("harness/machine/speed.py", "import harness.serving.placement", "harness: entry points"),
     ("harness/bench/metrics.py", "import harness.gates.paired", "harness: entry points"),
     ("patches/core/registry.py", "from . import seams", "patches.core: the seam helpers"),
-    ("patches/model_paths/served_choice.py", "from . import served_norms", "patches.model_paths: the router"),
+    ("patches/model_paths/served_choice.py", "from . import served_norms", "patches.model_paths: the served MoE block"),
     ("harness/gates/decision.py", "import harness.gates.paired", "no package contains an import circle"),
     ("harness/tune/measure/point.py", "import harness.tune.table.record", "tune: the command line"),
     ("harness/tune/step/graph.py", "import harness.tune.check.rule", "tune: the command line"),

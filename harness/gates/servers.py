@@ -10,8 +10,8 @@ on the same machine (harness.gates.interleave, harness.gates.paired), so the mac
   regression, and the MoE substitution test's "off" side. Started with an API key: the suites' --api-key is
   tested against it.
 - `moe-on`: `no-cache` with the patch set's compute substitutions on: the routed experts and the router, and the
-  served blocks (residual add + RMSNorm, gated RMSNorm, the GDN decode layer) forced to the model's paths where
-  the CPU has no table (QWEN36_SERVED_BLOCKS_FORCE=1), so every seam adapter runs: the substitution tests' "on"
+  served blocks (residual add + RMSNorm, gated RMSNorm, the GDN decode layer, the whole MoE block on odd layers)
+  forced to the model's paths where the CPU has no table (QWEN36_SERVED_BLOCKS_FORCE=1), so every seam adapter runs: the substitution tests' "on"
   side.
 - `reference`: the performance reference commit's own server (harness.gates.reference), for the slower-commit
   gate.
@@ -63,9 +63,10 @@ MOE_SWITCH = "QWEN36_PATCH_MOE"
 ROUTER_SWITCH = "QWEN36_PATCH_ROUTER"
 SERVED_NORMS_SWITCH = "QWEN36_PATCH_SERVED_NORMS"
 SERVED_GDN_SWITCH = "QWEN36_PATCH_SERVED_GDN"
+SERVED_MOE_SWITCH = "QWEN36_PATCH_SERVED_MOE"
 SERVED_FORCE = "QWEN36_SERVED_BLOCKS_FORCE"
 SUBSTITUTIONS_ON = ((MOE_SWITCH, "1"), (ROUTER_SWITCH, "1"), (SERVED_NORMS_SWITCH, "1"), (SERVED_GDN_SWITCH, "1"),
-                    (SERVED_FORCE, "1"))
+                    (SERVED_MOE_SWITCH, "1"), (SERVED_FORCE, "1"))
 # Prefix caching off; eager, which a count of cached tokens cannot see and which spares the start torch.compile.
 NO_CACHE_ARGS = ("--no-enable-prefix-caching", "--enforce-eager")
 

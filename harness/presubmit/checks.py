@@ -18,7 +18,7 @@ from harness.errors import HarnessError
 from model.dispatch.env import TRUE_VALUES, EnvValueError, parse_bool
 from model.dispatch.nvidia_defaults import NVIDIA_PREFIX
 from model.dispatch.table import TABLE_ENV, load_dispatch_table
-from patches.model_paths import served_gdn, served_norms
+from patches.model_paths import served_gdn, served_moe, served_norms
 from patches.model_paths.step_slowdown import SLOWDOWN_ENV, SLOWDOWN_FILE_ENV
 from patches.settings import PatchSettings
 
@@ -42,7 +42,7 @@ PROFILING_REQUIRED_OFF = ("PROF_TRACE", "PROF_MOE_SUMMARY")  # explicitly 0 in p
 TEST_ONLY_SLOWDOWN = (SLOWDOWN_ENV, SLOWDOWN_FILE_ENV)  # never in the platform image, whatever the value
 _DEFAULT_ON_IN_CODE = re.compile(
     r"""environ\.get\(\s*["'](PROF_\w+|ENGINEX_PROFILE_\w+)["']\s*,\s*["'](""" + "|".join(TRUE_VALUES) + r""")["']""")
-SERVED_PATCHES = (served_norms, served_gdn)  # each with its PATCH and the table BLOCKS it serves
+SERVED_PATCHES = (served_norms, served_gdn, served_moe)  # each with its PATCH and the table BLOCKS it serves
 _NETWORK_RUN = re.compile(r"\b(curl|wget|git\s+clone|apt-get\s+install|apt\s+install)\b")
 
 

