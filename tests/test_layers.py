@@ -50,7 +50,7 @@ def _sources_copy(dest: Path) -> Path:
     ("model/gdn/rule.py", "import model.moe.config", "model: the whole model"),
     ("patches/api/openai_errors.py", "from . import openai_error_codes", "patches.api: every API patch stands alone"),
     ("patches/core/seams.py", "import patches.settings", "patches: the plugin and verify"),
-    ("patches/model_paths/moe_experts.py", "from . import moe_router", "patches.model_paths: the router substitution"),
+    ("patches/model_paths/moe_experts.py", "from . import moe_router", "patches.model_paths: the served MoE block"),
     ("harness/bench/metrics.py", "import harness.serving.placement", None),  # allowed: bench builds on serving
 ])
 def test_a_wrong_way_import_breaks_its_contract(tmp_path, module, wrong_import, broken):

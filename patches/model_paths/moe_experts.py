@@ -1,12 +1,15 @@
 """MoE expert-path substitution: the routed experts of Qwen3-Next / Qwen3.5 MoE layers computed by
 `model.moe.dispatch_experts` instead of vLLM's fused-MoE kernel.
 
-Seam (vLLM 0.32): `UnquantizedFusedMoEMethod` in fused_moe/unquantized_fused_moe_method.py.
-- `process_weights_after_loading(layer)` is wrapped: before vLLM converts `w13_weight [E, 2I, H]` (gate rows
+Seam (vLLM 0.32): `UnquantizedFusedMoEMethod` in fused_moe/unquantized_fused_moe_method.py, a `CustomOp`
+(`unquantized_fused_moe`). Through vLLM's out-of-tree registry (patches/core/oot.py) vLLM builds our subclass
+wherever it builds that method; on a vLLM without the registry (an older build, such as the platform's CoreX vLLM
+may be) the same two methods are wrapped on vLLM's class instead, and the status row says which seam serves.
+- `process_weights_after_loading(layer)` is overridden: before vLLM converts `w13_weight [E, 2I, H]` (gate rows
   first) and `w2_weight [E, H, I]` to its kernel layout (the CPU backend pads and prepacks them), we keep a
   reference to the HF-layout tensors. If vLLM left them in place (same storage, same shape) we drop the
   reference and read the live parameters, so no memory is doubled; otherwise the reference keeps one copy.
-- `apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)` is wrapped: for layers
+- `apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)` is overridden: for layers
   prepared above it returns the routed-expert output of the dispatcher. Routing (topk_weights/ids) stays
   vLLM's; the shared expert stays vLLM's: the runner computes it before `apply` unless the kernel was to
   overlap it, in which case we call it exactly as the kernel does (SharedExpertsOrder.MK_INTERNAL_OVERLAPPED,
@@ -25,6 +28,7 @@ import torch
 from model.moe import MoEConfig, select_expert_path
 from model.moe.config import TINY_MAX_LIMIT
 
+from ..core import oot
 from ..core.registry import Patch
 from ..core.seams import signature_problem
 
@@ -98,14 +102,38 @@ def enabled(settings) -> tuple[bool, str]:
 
 
 def install(settings) -> str:
+    config = _Runtime.config = settings.moe  # the dispatcher picks a path per token count from it
+    registry_reason = oot.registry_reason(SEAM_MODULE, SEAM_CLASS)
+    if registry_reason is None:
+        oot.register(_seam_class(), served_class())
+        seam = "registry: unquantized_fused_moe"
+    else:
+        _wrap_vllms_methods()
+        seam = f"method seam ({registry_reason})"
+    return (f"{seam}: routed experts of {', '.join(sorted(ARCHITECTURES))} by model.moe.dispatch_experts "
+            f"({dispatch_rule(config)}); dispatch table: {_table_detail()}")
+
+
+@functools.cache
+def served_class() -> type:
+    """vLLM's UnquantizedFusedMoEMethod with the two overrides, for the registry; built once, so a second install
+    registers the same class."""
+    in_tree = _seam_class()
+    return type("ServedUnquantizedFusedMoEMethod", (in_tree,), {
+        "__doc__": "vLLM's unquantized MoE method; the routed experts of eligible layers by model.moe.",
+        "__module__": __name__,
+        "process_weights_after_loading": _wrap_pwal(in_tree.process_weights_after_loading),
+        "apply": _wrap_apply(in_tree.apply),
+    })
+
+
+def _wrap_vllms_methods() -> None:
+    """The fallback where vLLM has no registry: the same overrides wrapped onto vLLM's own class."""
     cls = _seam_class()
-    config = settings.moe  # the dispatcher picks a path per token count from it
     if not _State.originals:
         _State.originals = {"apply": cls.apply, "process_weights_after_loading": cls.process_weights_after_loading}
         cls.process_weights_after_loading = _wrap_pwal(_State.originals["process_weights_after_loading"])
-        cls.apply = _wrap_apply(_State.originals["apply"], config)
-    return (f"routed experts of {', '.join(sorted(ARCHITECTURES))} by model.moe.dispatch_experts "
-            f"({dispatch_rule(config)}); dispatch table: {_table_detail()}")
+        cls.apply = _wrap_apply(_State.originals["apply"])
 
 
 def dispatch_rule(config: MoEConfig) -> str:
@@ -145,7 +173,9 @@ def _table_detail() -> str:
 
 
 def uninstall() -> None:
-    """Restore vLLM's methods (tests)."""
+    """Give vLLM its class back in the registry and restore its methods (tests)."""
+    if oot.registry_reason(SEAM_MODULE, SEAM_CLASS) is None:
+        oot.unregister(_seam_class(), served_class())
     if _State.originals:
         cls = _seam_class()
         cls.apply = _State.originals["apply"]
@@ -253,8 +283,7 @@ def _routed_experts_op():
     return _Runtime.op
 
 
-def _wrap_apply(original, config):
-    _Runtime.config = config
+def _wrap_apply(original):
     op = _routed_experts_op()
     order = __import__(ORDER_MODULE, fromlist=["SharedExpertsOrder"]).SharedExpertsOrder
 
@@ -275,7 +304,7 @@ def _wrap_apply(original, config):
 
 PATCH = Patch(
     name="moe_experts",
-    seam=f"{SEAM_CLASS}.apply/.process_weights_after_loading",
+    seam=f"{SEAM_CLASS} (unquantized_fused_moe, out-of-tree registry; else its apply/process_weights_after_loading)",
     required=True,
     switch=SWITCH,
     kind="compute",

