@@ -198,14 +198,14 @@ def test_served_blocks_names_each_block_the_image_leaves_to_vllm_and_the_command
     shutil.copytree(REPO_ROOT / "fixtures" / "dispatch", checkout / "fixtures" / "dispatch", dirs_exist_ok=True)
     row = _served_blocks_row(checkout)  # the repository's tables are NVIDIA's: none serves the BI-V100
     assert row.go
-    assert "vLLM's own layer serves add_rms_norm, gdn_gated_norm, gdn_layer_decode" in row.detail
+    assert "vLLM's own layer serves add_rms_norm, gdn_gated_norm, gdn_layer_decode, moe_block" in row.detail
     assert "qwen36 tune" in row.detail
     platform = {"schema": "qwen36-dispatch/2", "device": "Iluvatar BI-V100", "dtype": "bfloat16", "blocks": {
         "add_rms_norm": {"ranges": [{"from": 1, "to": None, "path": "fused"}]},
         "gdn_layer_decode": {"ranges": [{"from": 1, "to": None, "path": "vllm"}]}}}
     (checkout / "fixtures" / "dispatch" / "iluvatar-bi-v100.json").write_text(__import__("json").dumps(platform))
     row = _served_blocks_row(checkout)
-    assert row.go and "serves gdn_gated_norm for want" in row.detail and "Iluvatar BI-V100" in row.detail
+    assert row.go and "serves gdn_gated_norm, moe_block for want" in row.detail and "Iluvatar BI-V100" in row.detail
 
 
 def test_served_blocks_with_the_patches_off_or_a_missing_table(tmp_path):
@@ -213,7 +213,7 @@ def test_served_blocks_with_the_patches_off_or_a_missing_table(tmp_path):
     run_config = checkout / "computility-run.yaml"
     text = run_config.read_text()
     run_config.write_text(text.replace('  QWEN36_PATCHES: all\n', '  QWEN36_PATCHES: all\n  QWEN36_PATCH_SERVED_NORMS: "0"\n'
-                                       '  QWEN36_PATCH_SERVED_GDN: "0"\n'))
+                                       '  QWEN36_PATCH_SERVED_GDN: "0"\n  QWEN36_PATCH_SERVED_MOE: "0"\n'))
     row = _served_blocks_row(checkout)
     assert row.go and "no served-block patch is on" in row.detail
     run_config.write_text(text.replace('  QWEN36_PATCHES: all\n',
