@@ -143,6 +143,8 @@ NORM_PATHS: dict[str, dict[torch.dtype, float]] = {
     name: {F64: 1e-14, F32: 1e-6, BF16: 8e-3, F16: 1e-3} for name in ("reference", "fused")
 }
 NORM_PATHS["triton"] = {F32: 1e-6, BF16: 8e-3, F16: 1e-3}
+# vLLM's own RMSNormGated, timed by `qwen36 tune` beside the gated-norm paths (harness/tune/blocks/vllm_own.py).
+NORM_PATHS["vllm"] = {F32: 1e-6, BF16: 8e-3, F16: 1e-3}
 
 # Residual add + zero-centred RMSNorm paths (model.norm.rms_norm.ADD_RMS_NORM_PATHS), both outputs against the float64
 # sum h64 + y64 and its norm: h_new is the sum rounded once to h's dtype (at most u: 2^-8 bf16, 2^-11 f16, 2^-24
@@ -159,6 +161,9 @@ ADD_NORM_PATHS: dict[str, dict[torch.dtype, float]] = {
     name: {F64: 1e-14, F32: 1e-6, BF16: 2e-2, F16: 2e-3} for name in ("reference", "fused")
 }
 ADD_NORM_PATHS["triton"] = {F32: 1e-6, BF16: 2e-2, F16: 2e-3}
+# vLLM's own GemmaRMSNorm with a residual, timed by `qwen36 tune` beside the paths (harness/tune/blocks/vllm_own.py):
+# the same computation (float32 inside, each output rounded once), so the same 3u bound.
+ADD_NORM_PATHS["vllm"] = {F32: 1e-6, BF16: 2e-2, F16: 2e-3}
 
 # Attention cores (model.attention.layer.ATTENTION_CORES) and prefix-cached vs full recomputation.
 # Measured max: f32 2.1e-7, bf16 2.3e-3, f64 4e-16.

@@ -14,9 +14,11 @@ nvidia-h200.json). Where an NVIDIA GPU's table has no row for a block (or the GP
 defaults serve (model/dispatch/nvidia_defaults.py: the paths fast and capturable there). With no table for
 another device, or none on a CPU unless named explicitly, the dispatchers keep their knob-driven choice, so CPU
 behaviour is unchanged. A table applies only to inputs of the dtype it was measured in, and an entry naming a
-path that cannot run the input falls back to the knobs too. A row may name `vllm`: vLLM's own layer won there, so
-the plugin's served blocks leave it in place (patches/model_paths/served_choice.py); the model's own dispatchers,
-which cannot run vLLM's layer, fall back to their knobs there.
+path that cannot run the input falls back to the knobs too. Beside its `ranges` (the fastest of the model's own
+paths, which the model's dispatchers serve), a block may list `vllm_faster` ranges: where `qwen36 tune` timed vLLM's
+own layer as a candidate and it beat that path, so the plugin's served blocks leave vLLM's layer in place there
+(patches/model_paths/served_choice.py). A `ranges` row naming `vllm` (tables written by hand) means the same to the
+served blocks; the model's own dispatchers, which cannot run vLLM's layer, fall back to their knobs there.
 
 File format (schema "qwen36-dispatch/2"; "qwen36-dispatch/1" files, written before 2026-12-04, read the same):
     {"schema": "qwen36-dispatch/2", "device": "NVIDIA H200", "dtype": "bfloat16", "recorded": {...},
@@ -32,7 +34,7 @@ import functools
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -105,6 +107,17 @@ class DispatchTable:
     dtype: str
     blocks: Mapping[str, tuple[TokenRange, ...]]
     source: str  # the file it was read from
+    vllm_faster: Mapping[str, tuple[TokenRange, ...]] = field(default_factory=dict)  # path "vllm" in each
+
+    def vllm_faster_for(self, block: str, dtype: torch.dtype | None) -> tuple[TokenRange, ...]:
+        """Where vLLM's own layer was timed faster than the table's path (module docstring); none for another
+        dtype than the table's."""
+        if dtype is not None and str(dtype).removeprefix("torch.") != self.dtype:
+            return ()
+        return self.vllm_faster.get(block, ())
+
+    def vllm_faster_at(self, block: str, n: int, dtype: torch.dtype | None) -> bool:
+        return any(r.holds(n) for r in self.vllm_faster_for(block, dtype))
 
     def ranges_for(self, block: str, dtype: torch.dtype | None) -> tuple[TokenRange, ...]:
         """The block's ranges, none for another dtype than the table's."""
@@ -125,12 +138,16 @@ def table_file_name(device_name: str) -> str:
     return f"{stem}.json"
 
 
-def _ranges(source: str, block: str, raw) -> tuple[TokenRange, ...]:
-    ranges = raw.get("ranges") if isinstance(raw, dict) else None
-    if not isinstance(ranges, list) or not ranges:
-        raise DispatchTableError(f"{source}: block {block!r} needs a non-empty list `ranges`")
+def _ranges(source: str, block: str, raw, key: str = "ranges") -> tuple[TokenRange, ...]:
+    ranges = raw.get(key) if isinstance(raw, dict) else None
+    if key != "ranges" and ranges is None:
+        return ()
+    if not isinstance(ranges, list) or (key == "ranges" and not ranges):
+        raise DispatchTableError(f"{source}: block {block!r} needs a non-empty list `{key}`")
     out: list[TokenRange] = []
     for entry in ranges:
+        if key == "vllm_faster" and isinstance(entry, dict):
+            entry = {"path": "vllm", **entry}
         try:
             low, high, path = entry["from"], entry["to"], entry["path"]
         except (KeyError, TypeError):
@@ -170,7 +187,9 @@ def parse_dispatch_table(raw, source: str) -> DispatchTable:
     for key in ("device", "dtype"):
         if not isinstance(raw.get(key), str):
             raise DispatchTableError(f"{source}: `{key}` must be a string")
-    return DispatchTable(raw["device"], raw["dtype"], {b: _ranges(source, b, r) for b, r in blocks.items()}, source)
+    faster = {b: f for b, r in blocks.items() if (f := _ranges(source, b, r, "vllm_faster"))}
+    return DispatchTable(raw["device"], raw["dtype"], {b: _ranges(source, b, r) for b, r in blocks.items()}, source,
+                         faster)
 
 
 @functools.lru_cache(maxsize=16)

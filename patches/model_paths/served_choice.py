@@ -4,8 +4,9 @@ vLLM's own layer.
 Rule (per device, never blind):
 - the device's own table (model.dispatch.table: `<device name>.json`, or `QWEN36_DISPATCH_TABLE`) has a row for the
   block at this key naming a model path that can run the input: that path serves;
-- the row names `vllm` (vLLM's own layer was timed as a candidate and won), or there is no row, no table, or the
-  path cannot run here: vLLM's own layer serves. The NVIDIA defaults that fill gaps in the model's own step
+- the table says vLLM's own layer was timed faster at this key (`vllm_faster`, which `qwen36 tune` records where
+  it times vLLM's layer as a candidate; or a row naming `vllm`), or there is no row, no table, or the path cannot
+  run here: vLLM's own layer serves. The NVIDIA defaults that fill gaps in the model's own step
   (model/dispatch/nvidia_defaults.py) do not apply here: they were chosen against the model's other paths, never
   against vLLM's;
 - where no row of the device's table could serve the block at all, `may_serve` says so once per device and dtype,
@@ -71,16 +72,19 @@ def table_rows_detail(block: str, device: torch.device) -> str:
     if not ranges:
         return f"table {table.source} has no {block} row: vLLM's own"
     spans = ", ".join(f"{r.low}-{'' if r.high is None else r.high} {r.path}" for r in ranges)
-    return f"table {table.source} ({table.dtype}): {block} {spans}"
+    faster = ", ".join(f"{r.low}-{'' if r.high is None else r.high}" for r in table.vllm_faster.get(block, ()))
+    return f"table {table.source} ({table.dtype}): {block} {spans}" + (
+        f"; vLLM's own timed faster at {faster}" if faster else "")
 
 
 def _choice(block: str, key: int, num_tokens: int, device: torch.device, dtype: torch.dtype, force: bool,
             paths, default: str) -> tuple[str | None, str]:
     table = table_choice_for(device).table
-    row = None if table is None else table.path_for(block, key, dtype)
+    row = (None if table is None else VLLM_OWN if table.vllm_faster_at(block, key, dtype)
+           else table.path_for(block, key, dtype))
     if row is not None and row != VLLM_OWN and paths.can_run(row, num_tokens, dtype, device):
         return row, f"table row {table.source}"
-    why = ("the table's row names vLLM's own" if row == VLLM_OWN
+    why = ("the table timed vLLM's own faster here" if row == VLLM_OWN
            else "no table" if table is None
            else f"the table's row {row!r} cannot run {dtype} on {device}" if row is not None
            else f"the table has no {block} row at {key}")
@@ -111,7 +115,9 @@ class BlockServing:
         if answer is None:
             table = table_choice_for(device).table
             rows = () if table is None else table.ranges_for(self.block, dtype)
-            answer = self._may[question] = _State.force or any(r.path != VLLM_OWN for r in rows)
+            everywhere = table is not None and any(r.low == 1 and r.high is None  # merged ranges: one covers all
+                                                   for r in table.vllm_faster_for(self.block, dtype))
+            answer = self._may[question] = _State.force or (not everywhere and any(r.path != VLLM_OWN for r in rows))
             if not answer:
                 self._served(None, "no table row for this device and dtype names a model path")
         return answer

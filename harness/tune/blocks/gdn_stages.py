@@ -18,7 +18,8 @@ from model.norm.rms_norm import GATED_NORM_PATHS
 from ..measure.ceilings import Ceilings
 from ..measure.floors import floor_of, gated_norm_work, gdn_conv_work
 from ..measure.inputs import gated_norm_inputs, gdn_conv_inputs
-from ..measure.point import Measurement, Settings, check_error, kept_outputs, measure, path_rows
+from ..measure.point import Measurement, Settings, check_error, kept_outputs, measure, path_rows, tolerance_for
+from . import vllm_own
 
 __all__ = ["CONV_BLOCK", "NORM_BLOCK", "conv_points", "norm_points", "sweep_gdn_conv", "sweep_gated_norm",
            "unavailable_stage_paths"]
@@ -74,6 +75,17 @@ def _norm_point(count: int, d: GDNDims, s: Settings, ceilings: Ceilings, rows: l
     for path, m in path_rows(GATED_NORM_PATHS, NORM_BLOCK, count, count, only, s, tolerances.NORM_PATHS,
                              "NORM_PATHS", floor, {"rows": count}, rows):
         call, reset, kept = kept_outputs(lambda fn=path.fn: fn(x, weight, d.eps, z))
+        measure(m, call, reset, lambda kept=kept: (check_error(kept[0], ref), ""), s)
+    if vllm_own.wanted(only):
+        m = Measurement(NORM_BLOCK, count, vllm_own.VLLM, "error", floor=floor,
+                        bound=tolerance_for(tolerances.NORM_PATHS, vllm_own.VLLM, s), extra={"rows": count})
+        rows.append(m)
+        try:
+            fn = vllm_own.gated_norm(d.eps, weight, d.hidden_size)
+        except Exception as exc:
+            m.detail = f"vLLM's RMSNormGated could not be built: {type(exc).__name__}: {str(exc)[:200]}"
+            return
+        call, reset, kept = kept_outputs(lambda: fn(x, z))
         measure(m, call, reset, lambda kept=kept: (check_error(kept[0], ref), ""), s)
 
 

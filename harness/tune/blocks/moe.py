@@ -21,6 +21,7 @@ from ..measure.inputs import moe_hidden, moe_routing, moe_weights
 from ..measure.point import Measurement, Settings, check_error, measure
 from ..measure.prune import Pruner
 from ..table.block_rows import fused_block_paths
+from . import vllm_own
 
 __all__ = ["ExpertPoint", "expert_point", "graphed_block_tokens", "measure_expert_fn", "sweep_moe_experts",
            "sweep_moe_block", "sweep_graphed_block", "sweep_moe_router", "unavailable_expert_paths"]
@@ -149,7 +150,32 @@ def sweep_moe_block(d: MoEDims, tokens_list, s: Settings, ceilings: Ceilings, pr
 
             rows.append(measure(m, fused, poison, lambda result=result: (check_error(result["out"], ref, scale), ""),
                                 s))
+        if vllm_own.wanted(paths_at(tokens) if paths_at else None):
+            rows.append(_vllm_block_row(d, tokens, x, ref, scale, distinct, floor, w, s))
     return rows
+
+
+def _vllm_block_row(d: MoEDims, tokens: int, x, ref, scale: float, distinct: int, floor, w: MoEWeights,
+                    s: Settings) -> Measurement:
+    """vLLM's own Qwen3NextSparseMoeBlock at this point (harness/tune/blocks/vllm_own.py), as a `moe_block` row."""
+    m = Measurement("moe_block", tokens, vllm_own.VLLM, "error", floor=floor, bound=_tolerance("block", s),
+                    extra={"distinct_experts": distinct})
+    try:
+        block, routing = vllm_own.moe_block(d, w, s.device)
+        ref = moe_block_reference(x, w, routing=routing(x))  # vLLM's own decision at a near-tie (vllm_own says why)
+    except Exception as exc:
+        m.detail = f"vLLM's MoE block could not be built: {type(exc).__name__}: {str(exc)[:200]}"
+        return m
+    result: dict[str, torch.Tensor] = {}
+
+    def call():
+        result["out"] = block(x)
+
+    def poison():
+        if result:
+            result["out"].fill_(float("nan"))
+
+    return measure(m, call, poison, lambda: (check_error(result["out"], ref, scale), ""), s)
 
 
 def _block_point(d: MoEDims, tokens: int, s: Settings, ceilings: Ceilings, w: MoEWeights):

@@ -16,6 +16,7 @@ __all__ = ["COMPOSED", "STAGED", "STAGED_ROW", "block_choice", "fused_block_path
            "is_layer_row"]
 
 COMPOSED, STAGED = "composed", "staged"
+VLLM = "vllm"  # vLLM's own layer: the plugin's served blocks leave it in place where it won
 STAGED_ROW = "layer"  # the name the staged GDN layer's whole-layer rows have always had
 
 
@@ -43,6 +44,8 @@ def block_choice(table_block: str, row_block: str, path: str) -> str | None:
         return None
     if row_block != table_block:
         return None
+    if path == VLLM:
+        return VLLM  # vLLM's own layer, timed beside the model's paths (harness/tune/blocks/vllm_own.py)
     if table_block == "moe_block":
         return COMPOSED if path in EXPERT_PATHS else path if path in MOE_BLOCK_PATHS else None
     if table_block == "gdn_layer_decode":

@@ -20,21 +20,24 @@ from model.moe import EXPERT_PATHS, MOE_BLOCK_PATHS
 from model.norm.rms_norm import GATED_NORM_PATHS
 
 from ..measure.point import Measurement
-from .block_rows import block_choice
+from .block_rows import VLLM, block_choice
 from .record import keep_blocks
 
 __all__ = ["ranked", "winners", "build_table", "write_table", "table_serving"]
 
 
-def ranked(rows: list[Measurement], block: str, prefer_graph: bool, row_block: str | None = None) -> dict[int, list[dict]]:
+def ranked(rows: list[Measurement], block: str, prefer_graph: bool, row_block: str | None = None,
+           with_vllm: bool = False) -> dict[int, list[dict]]:
     """point -> the correct choices of dispatch block `block` measured there, fastest first:
     [{"path", "us", "mode"}, ...], from the rows of `row_block` (default: the block itself), each named by the
-    choice it stands for (harness/tune/table/block_rows.py)."""
+    choice it stands for (harness/tune/table/block_rows.py); vLLM's own layer among them only `with_vllm`."""
     out: dict[int, list[tuple[float, str, str]]] = {}
     for r in rows:
         if r.block != (row_block or block):
             continue
         choice = block_choice(block, r.block, r.path)
+        if choice == VLLM and not with_vllm:
+            continue
         best = r.best(prefer_graph) if choice else None
         if best:
             out.setdefault(r.key, []).append((best[0], choice, best[1]))
@@ -85,6 +88,27 @@ def _ranges(block: str, points: dict[int, tuple[list[dict], str]]) -> list[dict]
     return ranges
 
 
+def _vllm_faster(points: dict[int, list[dict]]) -> list[dict]:
+    """The spans where vLLM's own layer ranked first: from each such measured point up to the next measured point
+    (the rule the ranges follow), adjacent spans merged, each with the two times that decided it."""
+    keys = sorted(points)
+    out: list[dict] = []
+    for i, key in enumerate(keys):
+        ranking = points[key]
+        if ranking[0]["path"] != VLLM:
+            continue
+        model = next((c for c in ranking if c["path"] != VLLM), None)
+        low, high = (1 if i == 0 else key), (keys[i + 1] - 1 if i + 1 < len(keys) else None)
+        evidence = {"at": key, "vllm_us": ranking[0]["us"], "mode": ranking[0]["mode"],
+                    "model": None if model is None else {"path": model["path"], "us": model["us"]}}
+        if out and out[-1]["to"] == low - 1:
+            out[-1]["to"] = high
+            out[-1]["measured"].append(evidence)
+        else:
+            out.append({"from": low, "to": high, "measured": [evidence]})
+    return out
+
+
 def build_table(rows: list[Measurement], device: str, dtype: str, prefer_graph: bool, recorded: dict,
                 timings: dict | None = None) -> dict:
     """The table from (sweep-merged) rows; `timings` (harness/tune/table/record.py) is stored beside the ranges."""
@@ -95,6 +119,9 @@ def build_table(rows: list[Measurement], device: str, dtype: str, prefer_graph: 
             points.update({k: (v, "moe_block") for k, v in ranked(rows, block, prefer_graph, "moe_block").items()})
         if points:
             blocks[block] = {"keyed_by": BLOCKS[block], "recorded": recorded.get("date"), "ranges": _ranges(block, points)}
+            faster = _vllm_faster(ranked(rows, block, prefer_graph, with_vllm=True))
+            if faster:
+                blocks[block]["vllm_faster"] = faster
     table = {"schema": SCHEMA, "device": device, "dtype": dtype,
              "ranked_by": "graph replay where captured, else eager" if prefer_graph else "eager",
              "recorded": recorded, "blocks": blocks}
