@@ -179,6 +179,24 @@ def test_a_row_naming_vllm_keeps_vllms_own_even_when_forced_is_off_and_forced_ov
     assert served_choice.SERVED[("add_rms_norm", "fused")] == 1
 
 
+def test_where_tune_timed_vllms_own_faster_it_serves_and_the_models_path_elsewhere(tmp_path, monkeypatch):
+    """`qwen36 tune` records `vllm_faster` spans beside the model's ranges; the served block follows them per key."""
+    install(force=False)
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps({"schema": SCHEMA, "device": "cpu", "dtype": "bfloat16", "blocks": {"add_rms_norm": {
+        "ranges": [{"from": 1, "to": None, "path": "fused"}],
+        "vllm_faster": [{"from": 1, "to": TOKENS - 1, "measured": []}]}}}))
+    monkeypatch.setenv(TABLE_ENV, str(path))
+    clear_table_cache()
+    served_choice.configure(False)
+    gemma, _ = norms()
+    x, residual, _ = inputs()
+    gemma(x[:1], residual[:1])  # 1 row: vLLM's own was faster there
+    gemma(x, residual)  # TOKENS rows: past the span, the model's fused path
+    assert served_choice.SERVED == {("add_rms_norm", "vllm"): 1, ("add_rms_norm", "fused"): 1}
+    assert "vLLM's own timed faster at 1-4" in served_choice.table_rows_detail("add_rms_norm", torch.device("cpu"))
+
+
 def test_a_norm_the_model_does_not_compute_stays_vllms():
     install(force=True)
     with set_current_vllm_config(VllmConfig()):

@@ -77,9 +77,30 @@ def test_the_add_norm_paths_pass_and_a_wrong_sum_is_caught():
         _, normed = FUSED_ADD_NORM(h, y, weight, eps)
         return h.clone(), normed
 
-    rows = sweep_add_rms_norm(D.TINY.attention.hidden_size, 1e-6, [1, 4], S, _ceilings(), lambda _: None)
+    rows = sweep_add_rms_norm(D.TINY.attention.hidden_size, 1e-6, [1, 4], S, _ceilings(), lambda _: None,
+                              paths_at=lambda block, key: {"fused"})
     assert {(r.key, r.path): r.status for r in rows} == {(1, "fused"): "ok", (4, "fused"): "ok"}
     broken = replace(ADD_RMS_NORM_PATHS["fused"], fn=sum_not_rounded_back)
     with mock.patch.dict(ADD_RMS_NORM_PATHS, {"fused": broken}):
-        rows = sweep_add_rms_norm(D.TINY.attention.hidden_size, 1e-6, [4], S, _ceilings(), lambda _: None)
+        rows = sweep_add_rms_norm(D.TINY.attention.hidden_size, 1e-6, [4], S, _ceilings(), lambda _: None,
+                                  paths_at=lambda block, key: {"fused"})
     assert [r.status for r in rows] == ["wrong"]
+
+
+def test_vllms_own_norm_is_a_checked_candidate_and_a_wrong_one_is_caught():
+    pytest.importorskip("vllm", reason="vLLM's own layer is a candidate only where vLLM imports")
+    from harness.tune.blocks import vllm_own
+
+    rows = sweep_add_rms_norm(D.TINY.attention.hidden_size, 1e-6, [1, 4], S, _ceilings(), lambda _: None)
+    assert {(r.key, r.path): r.status for r in rows} == {
+        (1, "fused"): "ok", (4, "fused"): "ok", (1, "vllm"): "ok", (4, "vllm"): "ok"}
+    real = vllm_own.add_rms_norm
+
+    def norm_of_h_alone(hidden, eps, weight):  # vLLM's layer handed the residual only: the sum is missing
+        fn = real(hidden, eps, weight)
+        return lambda h, y: fn(h, torch.zeros_like(y))
+
+    with mock.patch.object(vllm_own, "add_rms_norm", norm_of_h_alone):
+        rows = sweep_add_rms_norm(D.TINY.attention.hidden_size, 1e-6, [4], S, _ceilings(), lambda _: None,
+                                  paths_at=lambda block, key: {"vllm"})
+    assert [(r.path, r.status) for r in rows] == [("vllm", "wrong")]

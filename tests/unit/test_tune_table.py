@@ -118,3 +118,24 @@ def test_the_conv_ranges_give_update_its_one_token_and_the_gated_norm_is_keyed_b
     table = load_dispatch_table(write_table(graph, tmp_path / "t.json"))
     assert table.path_for("gdn_conv", 7, None) == "triton" and table.path_for("gdn_gated_norm", 8, None) == "triton"
 
+
+
+def test_vllms_own_layer_never_takes_a_range_and_its_faster_spans_are_recorded_beside_them(tmp_path):
+    """The ranges are the model's (its own dispatchers serve them); where vLLM's own layer ranked first, the span up to
+    the next measured point is listed under `vllm_faster`, adjacent spans merged; a wrong vLLM row never counts."""
+    rows = [row("add_rms_norm", 1, "fused", 30), row("add_rms_norm", 1, "vllm", 20),
+            row("add_rms_norm", 8, "fused", 30), row("add_rms_norm", 8, "vllm", 25),
+            row("add_rms_norm", 64, "fused", 40), row("add_rms_norm", 64, "vllm", 60),
+            row("add_rms_norm", 512, "fused", 90), row("add_rms_norm", 512, "vllm", 10, status="wrong"),
+            row("moe_block", 1, "tiny_bmm", 100), row("moe_block", 1, "vllm", 50)]
+    table = build_table(rows, "dev", "bfloat16", prefer_graph=False, recorded={})
+    assert spans(table, "add_rms_norm") == [(1, None, "fused")]
+    faster = table["blocks"]["add_rms_norm"]["vllm_faster"]
+    assert [(r["from"], r["to"]) for r in faster] == [(1, 63)]
+    assert [m["at"] for m in faster[0]["measured"]] == [1, 8]
+    assert faster[0]["measured"][0]["model"] == {"path": "fused", "us": 30}
+    assert spans(table, "moe_experts") == [(1, None, "tiny_bmm")]  # vLLM's block is no expert path
+    assert [(r["from"], r["to"]) for r in table["blocks"]["moe_block"]["vllm_faster"]] == [(1, None)]
+    loaded = load_dispatch_table(write_table(table, tmp_path / "dev.json"))
+    assert loaded.path_for("add_rms_norm", 8, None) == "fused"
+    assert loaded.vllm_faster_at("add_rms_norm", 63, None) and not loaded.vllm_faster_at("add_rms_norm", 64, None)
