@@ -44,6 +44,7 @@ from model.moe.block_paths import FUSED_BLOCK_MAX_TOKENS
 
 from ..core import oot
 from ..core.registry import Patch
+from ..core.seams import signature_problem
 from .moe_experts import ARCHITECTURES
 from .moe_router import SEAMS as ROUTER_SEAMS
 from .served_choice import BlockServing, configure, forced, serving_device, table_rows_detail
@@ -53,6 +54,7 @@ __all__ = ["PATCH", "SWITCH", "BLOCKS", "BLOCK", "served_class", "block_problem"
 SWITCH = "QWEN36_PATCH_SERVED_MOE"
 SEAM_MODULE = "vllm.model_executor.layers.fused_moe.runner.moe_runner"
 SEAM_CLASS = "MoERunner"
+FORWARD_PARAMS = ("self", "hidden_states", "router_logits", "input_ids", "shared_experts_input")
 SERVABLE = ("composed", "triton_fused_block")  # the block paths this adapter runs (the reference is a test's)
 
 BLOCKS = ("moe_block",)  # the dispatch-table blocks this patch serves
@@ -194,7 +196,7 @@ def probe() -> str | None:
                if not hasattr(cls, name)]
     if missing:
         return f"{SEAM_CLASS} lacks {missing} (the adapter uses vLLM's final all-reduce and the layer's index)"
-    return None
+    return signature_problem(f"{SEAM_CLASS}.forward", cls.forward, FORWARD_PARAMS)
 
 
 def install(settings) -> str:

@@ -160,3 +160,12 @@ def test_another_router_keeps_vllms_runner_and_says_why(vllm_config):
         block.experts.router.renormalize = False
         assert served_moe.block_problem(block.experts) == "router renormalize=False"
     assert served_moe.block_problem(block.experts).startswith("architecture unknown")  # no vLLM config current
+
+
+def test_a_reshaped_runner_forward_is_not_applicable(monkeypatch):
+    from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+
+    monkeypatch.setattr(MoERunner, "forward", lambda self, hidden_states, router_logits: hidden_states)
+    env = {served_moe.SWITCH: "1"}
+    [row] = apply_patches(PatchSettings.from_env(env, ONLY), ONLY)
+    assert row.state is PatchState.NOT_APPLICABLE and "MoERunner.forward" in row.detail
