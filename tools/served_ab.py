@@ -1,8 +1,9 @@
 """`qwen36 ab` on the embedded CPU server: the served substitutions forced on (B) against off (A), both eager.
 
-Starts two embedded tiny servers with harness.gates.servers' no-cache arguments (`--no-enable-prefix-caching
---enforce-eager`), B with its substitution switches (`SUBSTITUTIONS_ON`: the routed experts, the router and the
-served blocks, forced), then runs `qwen36 ab --a A --b B` with the paired preset and writes its report under --out.
+Starts two embedded tiny servers, eager as the platform runs (`--enforce-eager`; prefix caching on, vLLM's default and
+the platform's), B with harness.gates.servers' substitution switches (`SUBSTITUTIONS_ON`: the routed experts, the
+router and the served blocks, forced), then runs `qwen36 ab --a A --b B` with the paired preset and writes its
+report under --out.
 
     PYTHONPATH=. .venv/bin/python tools/served_ab.py --client-cpus 1 --out runs/served-ab
 """
@@ -14,9 +15,11 @@ import tempfile
 from pathlib import Path
 
 from harness.cli import main as qwen36
-from harness.gates.servers import NO_CACHE_ARGS, SUBSTITUTIONS_ON
+from harness.gates.servers import SUBSTITUTIONS_ON
 from harness.serving.launcher import embedded_server
 from harness.serving.tiny_model import build_tiny_model
+
+EAGER = ("--enforce-eager",)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="qwen36-served-ab-") as d:
         model = build_tiny_model(Path(d) / "tiny-model")
-        with embedded_server(Path(d) / "a", model, extra_args=NO_CACHE_ARGS) as off, \
-                embedded_server(Path(d) / "b", model, extra_args=NO_CACHE_ARGS, env=dict(SUBSTITUTIONS_ON)) as on:
+        with embedded_server(Path(d) / "a", model, extra_args=EAGER) as off, \
+                embedded_server(Path(d) / "b", model, extra_args=EAGER, env=dict(SUBSTITUTIONS_ON)) as on:
             args = ["ab", "--a", off.base_url, "--b", on.base_url, "--tokenizer", str(model), "--out", str(a.out)]
             if a.client_cpus:
                 args += ["--client-cpus", a.client_cpus]
