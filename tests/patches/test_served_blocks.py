@@ -37,16 +37,8 @@ def settings(force: bool) -> PatchSettings:
 
 
 @pytest.fixture(autouse=True)
-def _clean(monkeypatch):
+def _clean(served_blocks_reset):
     """No table on this CPU, fresh counts; every test ends with vLLM's classes back in the registry."""
-    monkeypatch.delenv(TABLE_ENV, raising=False)
-    clear_table_cache()
-    served_choice.SERVED.clear()
-    yield
-    served_norms.uninstall()
-    served_gdn.uninstall()
-    served_choice.configure(False)
-    clear_table_cache()
 
 
 def install(force: bool) -> None:

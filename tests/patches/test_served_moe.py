@@ -41,14 +41,8 @@ def vllm_config(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _clean(monkeypatch):
-    monkeypatch.delenv(TABLE_ENV, raising=False)
-    clear_table_cache()
-    served_choice.SERVED.clear()
-    yield
-    served_moe.uninstall()
-    served_choice.configure(False)
-    clear_table_cache()
+def _clean(served_blocks_reset):
+    """No table on this CPU, fresh counts; every test ends with vLLM's classes back in the registry."""
 
 
 def install(force: bool) -> None:
