@@ -63,7 +63,8 @@ def serving_device() -> torch.device:
 
 
 def table_rows_detail(block: str, device: torch.device) -> str:
-    """`table <source>: rows 1-8 triton, 9- vllm` or why vLLM's own serves the block on `device`."""
+    """`table <source> (bfloat16): add_rms_norm 1-8 triton (0.40x vLLM's own time), 9- fused; vLLM's own timed faster
+    at ...`, or why vLLM's own serves the block on `device`."""
     choice = table_choice_for(device)
     table = choice.table
     if table is None:
@@ -71,10 +72,16 @@ def table_rows_detail(block: str, device: torch.device) -> str:
     ranges = table.blocks.get(block, ())
     if not ranges:
         return f"table {table.source} has no {block} row: vLLM's own"
-    spans = ", ".join(f"{r.low}-{'' if r.high is None else r.high} {r.path}" for r in ranges)
-    faster = ", ".join(f"{r.low}-{'' if r.high is None else r.high}" for r in table.vllm_faster.get(block, ()))
+    spans = ", ".join(_span(r) + f" {r.path}" + (f" ({r.vs_vllm:.2f}x vLLM's own time)" if r.vs_vllm else "")
+                      for r in ranges)
+    faster = ", ".join(_span(r) + (f" ({r.vs_vllm:.2f}x the model's time)" if r.vs_vllm else "")
+                       for r in table.vllm_faster.get(block, ()))
     return f"table {table.source} ({table.dtype}): {block} {spans}" + (
         f"; vLLM's own timed faster at {faster}" if faster else "")
+
+
+def _span(r) -> str:
+    return f"{r.low}-{'' if r.high is None else r.high}"
 
 
 def _choice(block: str, key: int, num_tokens: int, device: torch.device, dtype: torch.dtype, force: bool,

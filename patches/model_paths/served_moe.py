@@ -20,9 +20,10 @@ The adapter:
   transforms some after loading: its CPU linears pack theirs and drop the parameter (dispatch_cpu_unquantized_gemm,
   `remove_weight=True`), its MoE backends may repack the expert weights. So the substitute takes references to
   the parameters when it is built, where the block may serve on this device: loading copies into those parameters
-  in place, and the reference keeps the loaded values whatever vLLM rebinds later. Where vLLM left the parameter in
-  place (GPU linears, vLLM's Triton experts) it is the same memory; where it repacked or dropped it, one plain copy
-  stays (on CPUs, which serve the block only forced).
+  in place, and the reference keeps the loaded values whatever vLLM rebinds later. At the first call each reference
+  is compared with vLLM's live parameter: where that still holds the same values (GPU linears, vLLM's Triton
+  experts) the live one is read and the reference let go, so no second copy stays; where vLLM repacked or dropped
+  it (CPUs), one plain copy stays, logged once.
 - router: the gate's weight, softmax top-k renormalised (the router must be that: model.moe routes so);
   the routed weights w13 [E, 2I, H] (gate rows first) and w2 [E, H, I]; the shared expert's merged gate_up_proj
   split into gate and up rows, its down_proj and its expert_gate.
@@ -72,6 +73,7 @@ BLOCK = BlockServing("moe_block", MOE_BLOCK_PATHS, _default)
 class _Runtime:
     config = None  # model.moe.MoEConfig (the knobs), set at install
     logged_skip = False
+    logged_copies = False
 
 
 def _router_path(device: torch.device, dtype: torch.dtype) -> str:
@@ -139,9 +141,30 @@ def served_class() -> tuple[type, type]:
                 if BLOCK.may_serve(device, dtype) and block_problem(self) is None:
                     shared = self.shared_experts._layer
                     experts = self.routed_experts
-                    self._qwen36_kept = (self.gate.weight, experts.w13_weight, experts.w2_weight,
-                                         shared.gate_up_proj.weight, shared.down_proj.weight,
-                                         shared.expert_gate.weight)
+                    self._qwen36_kept = tuple(getattr(module, name) for module, name in self._qwen36_sources())
+
+        def _qwen36_sources(self) -> tuple[tuple[torch.nn.Module, str], ...]:
+            """Where vLLM holds each weight the block reads: (module, parameter name), in MoEWeights' order."""
+            shared = self.shared_experts._layer
+            return ((self.gate, "weight"), (self.routed_experts, "w13_weight"), (self.routed_experts, "w2_weight"),
+                    (shared.gate_up_proj, "weight"), (shared.down_proj, "weight"), (shared.expert_gate, "weight"))
+
+        def _qwen36_live_or_kept(self) -> tuple[torch.Tensor, ...]:
+            """Each kept weight, or vLLM's live parameter where it still holds the same values: then the kept
+            reference is let go, so a device where vLLM changed nothing holds no second copy."""
+            out, copies = [], []
+            for (module, name), kept in zip(self._qwen36_sources(), self._qwen36_kept):
+                live = getattr(module, name, None)
+                same = isinstance(live, torch.Tensor) and live.shape == kept.shape and live.dtype == kept.dtype and (
+                    live.data_ptr() == kept.data_ptr() or torch.equal(live, kept))
+                out.append(live if same else kept)
+                if not same:
+                    copies.append(name if module is self.routed_experts else f"{type(module).__name__}.{name}")
+            if copies and not _Runtime.logged_copies:
+                _Runtime.logged_copies = True
+                _log.info("qwen36 served moe_block: kept plain copies of %s (vLLM packed or dropped them after "
+                          "loading)", ", ".join(copies))
+            return tuple(out)
 
         def _qwen36_device_dtype(self) -> tuple[torch.device, torch.dtype]:
             weight = self.routed_experts.w13_weight
@@ -165,7 +188,8 @@ def served_class() -> tuple[type, type]:
         def _qwen36_weights(self, x: torch.Tensor) -> MoEWeights | None:
             """The block's weights (built at the first call, after loading), or None where they cannot serve x."""
             if self._qwen36_block is None:
-                router, w13, w2, gate_up, down, expert_gate = self._qwen36_kept
+                router, w13, w2, gate_up, down, expert_gate = self._qwen36_live_or_kept()
+                self._qwen36_kept = ()  # held by the block's weights now, only where they are copies
                 shared_size = down.shape[1]
                 try:
                     self._qwen36_block = MoEWeights(

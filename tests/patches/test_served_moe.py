@@ -163,3 +163,17 @@ def test_a_reshaped_runner_forward_is_not_applicable(monkeypatch):
     env = {served_moe.SWITCH: "1"}
     [row] = apply_patches(PatchSettings.from_env(env, ONLY), ONLY)
     assert row.state is PatchState.NOT_APPLICABLE and "MoERunner.forward" in row.detail
+
+
+def test_the_block_reads_vllms_live_weights_where_they_hold_the_loaded_values_and_its_copies_elsewhere(vllm_config):
+    install(force=True)
+    block, _ = build(vllm_config, layer=1)
+    runner = block.experts
+    kept_gate = runner._qwen36_kept[0]
+    runner.gate.weight = kept_gate  # as on a GPU: vLLM left the router gate's parameter in place
+    run(vllm_config, block, tokens(1))
+    weights = runner._qwen36_block
+    assert weights.router.data_ptr() == runner.gate.weight.data_ptr()  # the live one
+    assert runner.shared_experts._layer.down_proj.weight.numel() == 0  # dropped by vLLM's CPU linear...
+    assert weights.shared_w2.numel() > 0  # ...so the block reads its kept copy
+    assert runner._qwen36_kept == ()  # the references are let go: the block's weights hold what stays

@@ -2,7 +2,7 @@
 count grows.
 
 The served decode step's count on a GPU cannot be taken here (no CUDA build of vLLM), so the plugin's substitutes are
-counted one call at a time, at B = 1 and 8, with a table naming their GPU paths (harness/serving/served_launches.py:
+counted one call at a time, at B = 1 and 8, with a table naming their GPU paths (harness/tune/step/served_launches.py:
 vLLM's layers built in-process with the substitutes registered, every ATen op that computes and every Triton
 launch). The count is the platform's cost per call in an eager server: `add_rms_norm` and `gdn_gated_norm` one launch,
 the MoE block four, the GDN layer's model core two (the stacked row and the fused kernel) inside vLLM's projections
@@ -54,7 +54,7 @@ def test_growth_names_the_block_and_the_difference():
 def test_served_gpu_path_launches_do_not_grow(tmp_path):
     out = tmp_path / "counts.json"
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT)}
-    run = subprocess.run([sys.executable, "-m", "harness.serving.served_launches", "--out", str(out)], env=env,
+    run = subprocess.run([sys.executable, "-m", "harness.tune.step.served_launches", "--out", str(out)], env=env,
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     measured = json.loads(out.read_text())

@@ -88,6 +88,16 @@ def _ranges(block: str, points: dict[int, tuple[list[dict], str]]) -> list[dict]
     return ranges
 
 
+def _add_vllm_times(ranges: list[dict], points: dict[int, list[dict]]) -> None:
+    """Beside each range's evidence, vLLM's own layer's time at that point where it was timed (`vllm_us`): the
+    plugin's status row gives the ratio."""
+    for r in ranges:
+        for evidence in r["measured"]:
+            own = next((c["us"] for c in points.get(evidence.get("at"), []) if c["path"] == VLLM), None)
+            if own is not None:
+                evidence["vllm_us"] = own
+
+
 def _vllm_faster(points: dict[int, list[dict]]) -> list[dict]:
     """The spans where vLLM's own layer ranked first: from each such measured point up to the next measured point
     (the rule the ranges follow), adjacent spans merged, each with the two times that decided it."""
@@ -118,8 +128,11 @@ def build_table(rows: list[Measurement], device: str, dtype: str, prefer_graph: 
         if block == "moe_experts":  # where the whole block was timed, its time ranks the experts
             points.update({k: (v, "moe_block") for k, v in ranked(rows, block, prefer_graph, "moe_block").items()})
         if points:
-            blocks[block] = {"keyed_by": BLOCKS[block], "recorded": recorded.get("date"), "ranges": _ranges(block, points)}
-            faster = _vllm_faster(ranked(rows, block, prefer_graph, with_vllm=True))
+            with_vllm = ranked(rows, block, prefer_graph, with_vllm=True)
+            ranges = _ranges(block, points)
+            _add_vllm_times(ranges, with_vllm)
+            blocks[block] = {"keyed_by": BLOCKS[block], "recorded": recorded.get("date"), "ranges": ranges}
+            faster = _vllm_faster(with_vllm)
             if faster:
                 blocks[block]["vllm_faster"] = faster
     table = {"schema": SCHEMA, "device": device, "dtype": dtype,

@@ -11,7 +11,7 @@ the counter's dispatch mode) eagerly, op by op, where a server runs it compiled:
 vLLM's own GPU layers cannot be counted here: their forward calls vLLM's CUDA kernels, and this workplace has no
 CUDA build of vLLM. The same calls on vLLM's own layers are counted on its CPU kernels, labelled so.
 
-    TRITON_INTERPRET=1 python3 -m harness.serving.served_launches --out counts.json
+    TRITON_INTERPRET=1 python3 -m harness.tune.step.served_launches --out counts.json
 
 tests/perf_gates/test_served_gpu_path_launches.py runs it and fails when a served call's count grows
 (fixtures/gates/served-gpu-path-launches.json).
@@ -19,6 +19,7 @@ tests/perf_gates/test_served_gpu_path_launches.py runs it and fails when a serve
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -76,8 +77,12 @@ def _layers(cfg, served: bool):
 
 
 def _count(fn) -> int:
+    """The launches of one call of `fn`, after one uncounted call: what a first call builds once (the served MoE
+    block compares its kept weights with vLLM's) is not a per-call launch."""
     from harness.tune.step.launch_count import count_launches
 
+    with torch.no_grad():
+        fn()
     return sum(count_launches(lambda trace: fn()).values())
 
 
@@ -102,6 +107,8 @@ def _count_gdn(gdn, x, meta, path: str) -> dict[str, int]:
         finally:
             del gdn._core_triton, gdn.prepare_gdn_attention_core_inputs
 
+    with torch.no_grad():
+        call(lambda kind: contextlib.nullcontext())  # the uncounted first call, as _count makes
     counts = count_launches(call)
     return {"model path": counts.get("model path", 0), "vLLM's around it": counts.get("other", 0)}
 
