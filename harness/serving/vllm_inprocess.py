@@ -45,7 +45,9 @@ def eager_config(hf_config: Mapping, dtype: torch.dtype, directory: Path | None 
                                               enforce_eager=True))
     # Which kernel each of vLLM's IR ops (rms_norm, fused_add_rms_norm, ...) runs: a worker sets this process-wide
     # at start (vllm/v1/worker/worker_base.py); without it the ops take their native torch implementation.
-    cfg.kernel_config.ir_op_priority.set_default()
+    priorities = getattr(getattr(cfg, "kernel_config", None), "ir_op_priority", None)  # absent before vLLM's IR ops
+    if priorities is not None:
+        priorities.set_default()
     return cfg
 
 

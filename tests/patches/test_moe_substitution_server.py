@@ -2,9 +2,9 @@
 
 Both servers are harness.gates.servers': "on" is moe-on, which has QWEN36_PATCH_MOE=1 and QWEN36_PATCH_ROUTER=1 (the
 routed experts by model.moe.dispatch_experts, the router by model.moe.ROUTERS) and the served blocks forced on
-(QWEN36_PATCH_SERVED_NORMS=1, QWEN36_PATCH_SERVED_GDN=1, QWEN36_SERVED_BLOCKS_FORCE=1: the residual add + RMSNorm,
-the gated RMSNorm and the GDN decode layer over vLLM's own state by the model's paths, which a CPU without a table
-would leave to vLLM); "off" is no-cache (the perf gates'
+(QWEN36_PATCH_SERVED_NORMS=1, QWEN36_PATCH_SERVED_GDN=1, QWEN36_PATCH_SERVED_MOE=1, QWEN36_SERVED_BLOCKS_FORCE=1:
+the residual add + RMSNorm, the gated RMSNorm, the GDN decode layer over vLLM's own state and, on the odd layers, the
+whole MoE block by the model's paths, which a CPU without a table would leave to vLLM); "off" is no-cache (the perf gates'
 prefix-caching regression), with the substitution off (read from its log); their start commands are
 the same (checked), and both want the session's API key. Neither caches: prompts of 9-15 tokens are prefilled in
 one step by both (checked from the usage; the "off" server must report no cached token). Both are eager: the
