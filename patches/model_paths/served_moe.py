@@ -139,8 +139,6 @@ def served_class() -> tuple[type, type]:
             if not torch.compiler.is_compiling():
                 device, dtype = self._qwen36_device_dtype()
                 if BLOCK.may_serve(device, dtype) and block_problem(self) is None:
-                    shared = self.shared_experts._layer
-                    experts = self.routed_experts
                     self._qwen36_kept = tuple(getattr(module, name) for module, name in self._qwen36_sources())
 
         def _qwen36_sources(self) -> tuple[tuple[torch.nn.Module, str], ...]:
