@@ -57,7 +57,7 @@ from ..core.registry import Patch
 from .moe_experts import ARCHITECTURES
 
 __all__ = ["PATCH", "SWITCH", "FAST_PATH", "FALLBACK_PATH", "ROUTED_LOG", "probe", "install", "uninstall",
-           "substituted_layer_count", "routed_call_count"]
+           "substituted_layer_count", "routed_call_count", "routing_problem", "router_name_for"]
 
 SWITCH = "QWEN36_PATCH_ROUTER"
 FAST_PATH = "triton_fused"  # one Triton launch, where Triton runs on the logits' device
@@ -205,6 +205,21 @@ def _ineligible_reason(router, seam: RouterSeam) -> str | None:
             shown = "a tensor" if isinstance(value, torch.Tensor) else repr(value)
             return f"{attr}={shown} (model.moe routes with {attr}={wanted!r})"
     return None
+
+
+def routing_problem(router) -> str | None:
+    """None when model.moe routes exactly as `router` does (an instance of one of SEAMS' classes itself, in a model of
+    ARCHITECTURES, with the routing model.moe computes), else why not. The served MoE block asks it too."""
+    cls = type(router)
+    seam = next((s for s in SEAMS if cls.__name__ == s.name and cls.__module__ == s.module), None)
+    if seam is None:
+        return f"router {cls.__name__} is not one of {', '.join(s.name for s in SEAMS)}"
+    return _ineligible_reason(router, seam)
+
+
+def router_name_for(device: torch.device, dtype: torch.dtype) -> str:
+    """The model.moe router this patch routes with on `device` and `dtype` (FAST_PATH where it runs)."""
+    return _path_for(device, dtype)[0].name
 
 
 def _wrap_init(original, seam: RouterSeam, owner: type):

@@ -40,14 +40,13 @@ import logging
 
 import torch
 
-from model.moe import MOE_BLOCK_PATHS, ROUTERS, MoEWeights, select_block_path
+from model.moe import MOE_BLOCK_PATHS, MoEWeights, select_block_path
 from model.moe.block_paths import FUSED_BLOCK_MAX_TOKENS
 
 from ..core import oot
 from ..core.registry import Patch
 from ..core.seams import signature_problem
-from .moe_experts import ARCHITECTURES
-from .moe_router import SEAMS as ROUTER_SEAMS
+from .moe_router import router_name_for, routing_problem
 from .served_choice import BlockServing, configure, forced, serving_device, table_rows_detail
 
 __all__ = ["PATCH", "SWITCH", "BLOCKS", "BLOCK", "served_class", "block_problem", "uninstall"]
@@ -76,31 +75,11 @@ class _Runtime:
     logged_copies = False
 
 
-def _router_path(device: torch.device, dtype: torch.dtype) -> str:
-    """The router variant `composed` uses: one Triton launch where Triton runs, else torch's top-k softmax."""
-    return "triton_fused" if ROUTERS["triton_fused"].unavailable_reason(device, dtype) is None else "topk_softmax"
-
-
-def _architectures() -> set[str]:
-    from vllm.config import get_current_vllm_config_or_none
-
-    cfg = get_current_vllm_config_or_none()
-    return set(getattr(getattr(cfg, "model_config", None), "architectures", None) or [])
-
-
 def block_problem(runner) -> str | None:
     """None when the model's block computes what `runner` computes, else why not (vLLM's forward then serves)."""
-    archs = _architectures()
-    if not archs & ARCHITECTURES:
-        return f"architecture {sorted(archs) or 'unknown'} is not one of {sorted(ARCHITECTURES)}"
-    router = runner.router
-    seam = next((s for s in ROUTER_SEAMS if type(router).__name__ == s.name), None)
-    if seam is None:
-        return f"router {type(router).__name__} (the block routes as CPURouter/FusedTopKRouter's softmax top-k)"
-    for attr, wanted in seam.routing:
-        value = getattr(router, attr, None)
-        if (value is not None) if wanted is None else (value != wanted):
-            return f"router {attr}={'a tensor' if isinstance(value, torch.Tensor) else repr(value)}"
+    reason = routing_problem(runner.router)  # the model's architecture and vLLM's routing, as moe_router judges them
+    if reason is not None:
+        return reason
     if runner.gate is None or getattr(runner.gate, "bias", None) is not None:
         return "no bias-free router gate held by the runner"
     if runner.shared_expert_gate is not None:
@@ -179,7 +158,7 @@ def served_class() -> tuple[type, type]:
                 weights = self._qwen36_weights(hidden_states) if name in SERVABLE else None
                 if weights is not None:
                     out = MOE_BLOCK_PATHS[name].fn(hidden_states, weights, _Runtime.config,
-                                                   _router_path(hidden_states.device, hidden_states.dtype))
+                                                   router_name_for(hidden_states.device, hidden_states.dtype))
                     return self._maybe_reduce_final_output(out, None, False)
             return super().forward(hidden_states, router_logits, input_ids, shared_experts_input)
 
