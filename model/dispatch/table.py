@@ -96,9 +96,10 @@ class TokenRange:
     low: int
     high: int | None  # None: no upper bound
     path: str
-    # The path's time over vLLM's own layer's where `qwen36 tune` timed both (median over the range's measured
-    # points; < 1: the path was faster), for the plugin's status row; None where vLLM's was not timed.
-    vs_vllm: float | None = None
+    # Where `qwen36 tune` timed vLLM's own layer too: this range's time over the other side's, the median of its
+    # measured points' `time_ratio` (a model path's over vLLM's; in `vllm_faster`, vLLM's over the model's best;
+    # < 1: this range's was faster), for the plugin's status row. None where vLLM's was not timed.
+    time_ratio: float | None = None
 
     def holds(self, n: int) -> bool:
         return self.low <= n and (self.high is None or n <= self.high)
@@ -161,24 +162,14 @@ def _ranges(source: str, block: str, raw, key: str = "ranges") -> tuple[TokenRan
             raise DispatchTableError(f"{source}: {block} range {entry!r}: `path` must name a registered path")
         if out and (out[-1].high is None or low <= out[-1].high):
             raise DispatchTableError(f"{source}: {block} ranges overlap or are out of order at {entry!r}")
-        out.append(TokenRange(low, high, path, _ratio_to_vllm(entry.get("measured"))))
+        out.append(TokenRange(low, high, path, _median_time_ratio(entry.get("measured"))))
     return tuple(out)
 
 
-def _ratio_to_vllm(measured) -> float | None:
-    """The median of (this path's time / vLLM's own) over a range's evidence; a `vllm_faster` span's evidence holds
-    the times the other way round (vLLM's over the model's best path)."""
-    ratios = []
-    for e in measured if isinstance(measured, list) else ():
-        if not isinstance(e, dict):
-            continue
-        if isinstance(e.get("vllm_us"), (int, float)) and isinstance(e.get("us"), (int, float)) and e["vllm_us"] > 0:
-            ratios.append(e["us"] / e["vllm_us"])
-        model = e.get("model")
-        if isinstance(model, dict) and isinstance(model.get("us"), (int, float)) and isinstance(
-                e.get("vllm_us"), (int, float)) and model["us"] > 0:
-            ratios.append(e["vllm_us"] / model["us"])
-    return sorted(ratios)[len(ratios) // 2] if ratios else None
+def _median_time_ratio(measured) -> float | None:
+    ratios = sorted(e["time_ratio"] for e in (measured if isinstance(measured, list) else ())
+                    if isinstance(e, dict) and isinstance(e.get("time_ratio"), (int, float)))
+    return ratios[len(ratios) // 2] if ratios else None
 
 
 def load_dispatch_table(path: str | Path) -> DispatchTable:

@@ -72,9 +72,9 @@ def table_rows_detail(block: str, device: torch.device) -> str:
     ranges = table.blocks.get(block, ())
     if not ranges:
         return f"table {table.source} has no {block} row: vLLM's own"
-    spans = ", ".join(_span(r) + f" {r.path}" + (f" ({r.vs_vllm:.2f}x vLLM's own time)" if r.vs_vllm else "")
+    spans = ", ".join(_span(r) + f" {r.path}" + (f" ({r.time_ratio:.2f}x vLLM's own time)" if r.time_ratio else "")
                       for r in ranges)
-    faster = ", ".join(_span(r) + (f" ({r.vs_vllm:.2f}x the model's time)" if r.vs_vllm else "")
+    faster = ", ".join(_span(r) + (f" ({r.time_ratio:.2f}x the model's time)" if r.time_ratio else "")
                        for r in table.vllm_faster.get(block, ()))
     return f"table {table.source} ({table.dtype}): {block} {spans}" + (
         f"; vLLM's own timed faster at {faster}" if faster else "")

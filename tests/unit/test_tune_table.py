@@ -142,6 +142,6 @@ def test_vllms_own_layer_never_takes_a_range_and_its_faster_spans_are_recorded_b
     # the ratios the plugin's status row gives: the range's path over vLLM's own (median of its points: 30/20,
     # 30/25, 40/60, and 512 where vLLM's row was wrong, so not timed), and a faster span's vLLM over the model's
     [whole] = loaded.blocks["add_rms_norm"]
-    assert whole.vs_vllm == 30 / 25
+    assert whole.time_ratio == 30 / 25
     [span] = loaded.vllm_faster["add_rms_norm"]
-    assert span.vs_vllm == 25 / 30
+    assert span.time_ratio == 25 / 30

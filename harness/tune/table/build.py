@@ -89,13 +89,13 @@ def _ranges(block: str, points: dict[int, tuple[list[dict], str]]) -> list[dict]
 
 
 def _add_vllm_times(ranges: list[dict], points: dict[int, list[dict]]) -> None:
-    """Beside each range's evidence, vLLM's own layer's time at that point where it was timed (`vllm_us`): the
-    plugin's status row gives the ratio."""
+    """Beside each range's evidence, vLLM's own layer's time at that point where it was timed (`vllm_us`), and the
+    path's time over it (`time_ratio`), which the plugin's status row gives."""
     for r in ranges:
         for evidence in r["measured"]:
             own = next((c["us"] for c in points.get(evidence.get("at"), []) if c["path"] == VLLM), None)
             if own is not None:
-                evidence["vllm_us"] = own
+                evidence.update(vllm_us=own, time_ratio=evidence["us"] / own)
 
 
 def _vllm_faster(points: dict[int, list[dict]]) -> list[dict]:
@@ -111,6 +111,8 @@ def _vllm_faster(points: dict[int, list[dict]]) -> list[dict]:
         low, high = (1 if i == 0 else key), (keys[i + 1] - 1 if i + 1 < len(keys) else None)
         evidence = {"at": key, "vllm_us": ranking[0]["us"], "mode": ranking[0]["mode"],
                     "model": None if model is None else {"path": model["path"], "us": model["us"]}}
+        if model is not None:
+            evidence["time_ratio"] = ranking[0]["us"] / model["us"]
         if out and out[-1]["to"] == low - 1:
             out[-1]["to"] = high
             out[-1]["measured"].append(evidence)
