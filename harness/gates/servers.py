@@ -11,8 +11,8 @@ on the same machine (harness.gates.interleave, harness.gates.paired), so the mac
   tested against it.
 - `moe-on`: `no-cache` with the patch set's compute substitutions on: the routed experts and the router, and the
   served blocks (residual add + RMSNorm, gated RMSNorm, the GDN decode layer, the whole MoE block on odd layers)
-  forced to the model's paths where the CPU has no table (QWEN36_SERVED_BLOCKS_FORCE=1), so every seam adapter runs: the substitution tests' "on"
-  side.
+  forced to the model's paths where the CPU has no table (QWEN36_SERVED_BLOCKS_FORCE=1), so every seam adapter
+  runs: the substitution tests' "on" side.
 - `reference`: the performance reference commit's own server (harness.gates.reference), for the slower-commit
   gate.
 

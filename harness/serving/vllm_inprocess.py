@@ -18,7 +18,7 @@ from typing import Iterator, Mapping
 
 import torch
 
-__all__ = ["unavailable_reason", "eager_config", "process_groups", "build_moe_block", "build_norm"]
+__all__ = ["unavailable_reason", "eager_config", "process_groups", "moe_block_shapes", "build_moe_block", "build_norm"]
 
 
 def unavailable_reason() -> str | None:
@@ -84,6 +84,16 @@ def _load(cfg, module: torch.nn.Module, weights: Mapping[str, torch.Tensor], dev
     for name, p in params.items():
         p.data.copy_(weights[name])
     process_weights_after_loading(module, cfg.model_config, device)
+
+
+def moe_block_shapes(cfg) -> dict[str, tuple[int, ...]]:
+    """The parameters of vLLM's `Qwen3NextSparseMoeBlock` under `cfg` (tensor parallelism 1), by the names
+    `build_moe_block` loads: gate rows then up rows in the merged `gate_up_proj` and in `w13` [E, 2I, H]."""
+    c = cfg.model_config.hf_text_config
+    h, e, i, s = c.hidden_size, c.num_experts, c.moe_intermediate_size, c.shared_expert_intermediate_size
+    return {"gate.weight": (e, h), "shared_expert_gate.weight": (1, h), "shared_expert.gate_up_proj.weight": (2 * s, h),
+            "shared_expert.down_proj.weight": (h, s), "experts.routed_experts.w13_weight": (e, 2 * i, h),
+            "experts.routed_experts.w2_weight": (e, h, i)}
 
 
 def build_moe_block(cfg, prefix: str, weights: Mapping[str, torch.Tensor], device: torch.device):

@@ -19,7 +19,7 @@ from vllm.config import set_current_vllm_config  # noqa: E402
 from vllm.forward_context import set_forward_context  # noqa: E402
 
 from harness.serving.tiny_model import TinyRecipe  # noqa: E402
-from harness.serving.vllm_inprocess import build_moe_block, eager_config, process_groups  # noqa: E402
+from harness.serving.vllm_inprocess import build_moe_block, eager_config, moe_block_shapes, process_groups  # noqa: E402
 from model.dispatch.table import SCHEMA, TABLE_ENV, clear_table_cache  # noqa: E402
 from patches.core.registry import PatchState, apply_patches  # noqa: E402
 from patches.model_paths import served_choice, served_moe  # noqa: E402
@@ -61,10 +61,8 @@ def build(cfg, layer: int, weights: dict[str, torch.Tensor] | None = None):
     name = "".join("abcdefghij"[int(d)] for d in str(next(_BUILT)))  # no digits: the name holds one layer index
     if weights is None:
         generator = torch.Generator().manual_seed(0)
-        shapes = {"gate.weight": (8, 128), "shared_expert_gate.weight": (1, 128),
-                  "shared_expert.gate_up_proj.weight": (128, 128), "shared_expert.down_proj.weight": (128, 64),
-                  "experts.routed_experts.w13_weight": (8, 128, 128), "experts.routed_experts.w2_weight": (8, 128, 64)}
-        weights = {k: (torch.randn(shape, generator=generator) * 0.1).to(torch.bfloat16) for k, shape in shapes.items()}
+        weights = {k: (torch.randn(shape, generator=generator) * 0.1).to(torch.bfloat16)
+                   for k, shape in moe_block_shapes(cfg).items()}
     block = build_moe_block(cfg, f"model.layers.{layer}.mlp_{name}", weights, torch.device("cpu"))
     return block, weights
 

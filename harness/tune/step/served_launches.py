@@ -34,9 +34,10 @@ GPU_PATHS = {"add_rms_norm": "triton", "gdn_gated_norm": "triton", "gdn_layer_de
 SLOTS = 16
 
 
-def _weights(module: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
+def _weights(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, torch.Tensor]:
+    """Random float32 weights; copying them into vLLM's parameters casts each to its own dtype."""
     g = torch.Generator().manual_seed(seed)
-    return {name: (torch.randn(p.shape, generator=g) * 0.1).to(p.dtype) for name, p in module.named_parameters()}
+    return {name: torch.randn(shape, generator=g) * 0.1 for name, shape in shapes.items()}
 
 
 def _layers(cfg, served: bool):
@@ -58,17 +59,15 @@ def _layers(cfg, served: bool):
         default = torch.get_default_dtype()
         torch.set_default_dtype(torch.bfloat16)
         try:
-            from vllm.model_executor.models.qwen3_next import Qwen3NextSparseMoeBlock
-
-            shapes = Qwen3NextSparseMoeBlock(cfg, prefix=f"model.layers.1.mlp_shapes{tag}")  # its parameters' shapes
-            moe = vllm_inprocess.build_moe_block(cfg, f"model.layers.1.mlp_{tag}", _weights(shapes, 1),
-                                                 torch.device("cpu"))
+            moe = vllm_inprocess.build_moe_block(cfg, f"model.layers.1.mlp_{tag}",
+                                                 _weights(vllm_inprocess.moe_block_shapes(cfg), 1), torch.device("cpu"))
             gdn = QwenGatedDeltaNetAttention(cfg.model_config.hf_text_config, vllm_config=cfg,
                                              prefix=f"model.layers.0.linear_attn_{tag}", gqa_interleaved_layout=True)
         finally:
             torch.set_default_dtype(default)
+        gdn_weights = _weights({name: tuple(p.shape) for name, p in gdn.named_parameters()}, 2)
         for name, p in gdn.named_parameters():
-            p.data.copy_(_weights(gdn, 2)[name])
+            p.data.copy_(gdn_weights[name])
         process_weights_after_loading(gdn, cfg.model_config, torch.device("cpu"))
     (conv_shape, ssm_shape), (conv_dtype, ssm_dtype) = gdn.get_state_shape(), gdn.get_state_dtype()
     gdn.kv_cache = (torch.randn(SLOTS, *conv_shape, generator=g).to(conv_dtype),
