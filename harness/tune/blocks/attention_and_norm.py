@@ -107,17 +107,13 @@ def _add_norm_point(count: int, hidden: int, eps: float, s: Settings, ceilings: 
 
         measure(m, call, reset, check, s)
     if vllm_own.wanted(only):
-        m = Measurement(ADD_NORM_BLOCK, count, vllm_own.VLLM, "error", floor=floor,
-                        bound=tolerance_for(tolerances.ADD_NORM_PATHS, vllm_own.VLLM, s), extra={"rows": count})
-        rows.append(m)
-        try:
+        def build():
             fn = vllm_own.add_rms_norm(hidden, eps, weight)
-        except Exception as exc:
-            m.detail = f"vLLM's GemmaRMSNorm could not be built: {type(exc).__name__}: {str(exc)[:200]}"
-            return
-        call, reset, kept = kept_outputs(lambda: fn(h, y))
-        measure(m, call, reset, lambda kept=kept: (max(check_error(kept[0], ref_sum),
-                                                        check_error(kept[1], ref_normed)), ""), s)
+            return lambda: fn(h, y)
+
+        vllm_own.row(rows, ADD_NORM_BLOCK, count, "GemmaRMSNorm", build,
+                     lambda kept: max(check_error(kept[0], ref_sum), check_error(kept[1], ref_normed)), s, floor,
+                     tolerance_for(tolerances.ADD_NORM_PATHS, vllm_own.VLLM, s), {"rows": count})
 
 
 def sweep_attention_layer(d: AttentionDims, batches, context: int, s: Settings, ceilings: Ceilings,

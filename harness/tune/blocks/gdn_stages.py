@@ -77,16 +77,12 @@ def _norm_point(count: int, d: GDNDims, s: Settings, ceilings: Ceilings, rows: l
         call, reset, kept = kept_outputs(lambda fn=path.fn: fn(x, weight, d.eps, z))
         measure(m, call, reset, lambda kept=kept: (check_error(kept[0], ref), ""), s)
     if vllm_own.wanted(only):
-        m = Measurement(NORM_BLOCK, count, vllm_own.VLLM, "error", floor=floor,
-                        bound=tolerance_for(tolerances.NORM_PATHS, vllm_own.VLLM, s), extra={"rows": count})
-        rows.append(m)
-        try:
+        def build():
             fn = vllm_own.gated_norm(d.eps, weight, d.hidden_size)
-        except Exception as exc:
-            m.detail = f"vLLM's RMSNormGated could not be built: {type(exc).__name__}: {str(exc)[:200]}"
-            return
-        call, reset, kept = kept_outputs(lambda: fn(x, z))
-        measure(m, call, reset, lambda kept=kept: (check_error(kept[0], ref), ""), s)
+            return lambda: fn(x, z)
+
+        vllm_own.row(rows, NORM_BLOCK, count, "RMSNormGated", build, lambda kept: check_error(kept[0], ref), s, floor,
+                     tolerance_for(tolerances.NORM_PATHS, vllm_own.VLLM, s), {"rows": count})
 
 
 def sweep_gdn_conv(d: GDNDims, tokens, s: Settings, ceilings: Ceilings, tick: Callable[[str], None],

@@ -151,31 +151,24 @@ def sweep_moe_block(d: MoEDims, tokens_list, s: Settings, ceilings: Ceilings, pr
             rows.append(measure(m, fused, poison, lambda result=result: (check_error(result["out"], ref, scale), ""),
                                 s))
         if vllm_own.wanted(paths_at(tokens) if paths_at else None):
-            rows.append(_vllm_block_row(d, tokens, x, ref, scale, distinct, floor, w, s))
+            _vllm_block_row(d, tokens, x, scale, distinct, floor, w, s, rows)
     return rows
 
 
-def _vllm_block_row(d: MoEDims, tokens: int, x, ref, scale: float, distinct: int, floor, w: MoEWeights,
-                    s: Settings) -> Measurement:
-    """vLLM's own Qwen3NextSparseMoeBlock at this point (harness/tune/blocks/vllm_own.py), as a `moe_block` row."""
-    m = Measurement("moe_block", tokens, vllm_own.VLLM, "error", floor=floor, bound=_tolerance("block", s),
-                    extra={"distinct_experts": distinct})
-    try:
+def _vllm_block_row(d: MoEDims, tokens: int, x, scale: float, distinct: int, floor, w: MoEWeights, s: Settings,
+                    rows: list[Measurement]) -> None:
+    """vLLM's own Qwen3NextSparseMoeBlock at this point (harness/tune/blocks/vllm_own.py), as a `moe_block` row,
+    checked against the float64 block routed by vLLM's own decision (at a near-tie vLLM may pick another expert)."""
+    reference: dict[str, torch.Tensor] = {}
+
+    def build():
         block, routing = vllm_own.moe_block(d, w, s.device)
-        ref = moe_block_reference(x, w, routing=routing(x))  # vLLM's own decision at a near-tie (vllm_own says why)
-    except Exception as exc:
-        m.detail = f"vLLM's MoE block could not be built: {type(exc).__name__}: {str(exc)[:200]}"
-        return m
-    result: dict[str, torch.Tensor] = {}
+        reference["ref"] = moe_block_reference(x, w, routing=routing(x))
+        return lambda: block(x)
 
-    def call():
-        result["out"] = block(x)
-
-    def poison():
-        if result:
-            result["out"].fill_(float("nan"))
-
-    return measure(m, call, poison, lambda: (check_error(result["out"], ref, scale), ""), s)
+    vllm_own.row(rows, "moe_block", tokens, "MoE block", build,
+                 lambda kept: check_error(kept[0], reference["ref"], scale), s, floor, _tolerance("block", s),
+                 {"distinct_experts": distinct})
 
 
 def _block_point(d: MoEDims, tokens: int, s: Settings, ceilings: Ceilings, w: MoEWeights):

@@ -31,8 +31,9 @@ from harness.serving import vllm_inprocess
 from harness.serving.tiny_model import TinyRecipe
 
 from ..measure.dims import MoEDims
+from ..measure.point import Measurement, Settings, kept_outputs, measure
 
-__all__ = ["VLLM", "unavailable_reason", "wanted", "add_rms_norm", "gated_norm", "moe_block"]
+__all__ = ["VLLM", "unavailable_reason", "wanted", "row", "add_rms_norm", "gated_norm", "moe_block"]
 
 VLLM = "vllm"  # the table's name for vLLM's own layer (patches/model_paths/served_choice.py: VLLM_OWN)
 
@@ -51,6 +52,22 @@ def unavailable_reason() -> str | None:
 def wanted(only) -> bool:
     """Whether a point times vLLM's own: vLLM imports here, and the point's filter (None: every candidate) names it."""
     return (only is None or VLLM in only) and unavailable_reason() is None
+
+
+def row(rows: list[Measurement], block: str, key: int, what: str, build: Callable[[], Callable[[], object]],
+        check: Callable[[list], float], s: Settings, floor, bound: float | None, extra: dict) -> None:
+    """Append vLLM's own layer's row at one point: `build()` gives the call (a failure to build is the row's detail,
+    never an exception); each call's outputs are kept (harness/tune/measure/point.py's kept_outputs) and `check(kept)`
+    gives the error against the point's reference."""
+    m = Measurement(block, key, VLLM, "error", floor=floor, bound=bound, extra=dict(extra))
+    rows.append(m)
+    try:
+        call = build()
+    except Exception as exc:
+        m.detail = f"vLLM's {what} could not be built: {type(exc).__name__}: {str(exc)[:200]}"
+        return
+    run, reset, kept = kept_outputs(call)
+    measure(m, run, reset, lambda: (check(kept), ""), s)
 
 
 def _config(hidden: int, dtype: torch.dtype, moe: MoEDims | None = None):
