@@ -6,7 +6,7 @@ counted one call at a time, at B = 1 and 8, with a table naming their GPU paths 
 vLLM's layers built in-process with the substitutes registered, every ATen op that computes and every Triton
 launch). The count is the platform's cost per call in an eager server: `add_rms_norm` and `gdn_gated_norm` one launch,
 the MoE block four, the GDN layer's model core two (the stacked row and the fused kernel) inside vLLM's projections
-and layout code. Recorded: fixtures/gates/served-gpu-path-launches.json; re-record after a change that should move a
+and layout code, which are counted and shown but not gated (they are vLLM's). Recorded: fixtures/gates/served-gpu-path-launches.json; re-record after a change that should move a
 count with QWEN36_RECORD_SERVED_LAUNCHES=1 and this test (it rewrites the fixture and passes; commit the diff).
 """
 from __future__ import annotations
@@ -35,9 +35,14 @@ def _flat(counts: dict, prefix: str = "") -> dict[str, int]:
     return out
 
 
+# vLLM's own code around the served GDN call: counted and shown, not gated. It moves with vLLM's build and the CPU's
+# GEMM dispatch, not with this project's code, and a gate must not fail on a machine only for being another kind.
+NOT_GATED = "vLLM's around it"
+
+
 def growth(recorded: dict, measured: dict) -> list[str]:
-    """'B=1 moe_block: 4 -> 5 (+1)' for each count that grew, or is new or gone."""
-    old, new = _flat(recorded), _flat(measured)
+    """'B=1 moe_block: 4 -> 5 (+1)' for each count of the plugin's own launches that grew, or is new or gone."""
+    old, new = ({k: v for k, v in _flat(counts).items() if NOT_GATED not in k} for counts in (recorded, measured))
     problems = [f"{k}: {old.get(k)} -> {new.get(k)}" for k in sorted(set(old) ^ set(new))]
     problems += [f"{k}: {old[k]} -> {new[k]} (+{new[k] - old[k]})" for k in sorted(set(old) & set(new)) if new[k] > old[k]]
     return problems
@@ -49,6 +54,8 @@ def test_growth_names_the_block_and_the_difference():
         ["B=1 / moe_block: 4 -> 5 (+1)"]
     assert growth(recorded, {"B=1": {"moe_block": 3, "gdn_layer_decode": {"model path": 2}}}) == []
     assert growth(recorded, {"B=1": {"moe_block": 4}}) == ["B=1 / gdn_layer_decode / model path: 2 -> None"]
+    around = {"B=1": {"moe_block": 4, "gdn_layer_decode": {"model path": 2, NOT_GATED: 11}}}
+    assert growth(around, {"B=1": {"moe_block": 4, "gdn_layer_decode": {"model path": 2, NOT_GATED: 14}}}) == []
 
 
 def test_served_gpu_path_launches_do_not_grow(tmp_path):
