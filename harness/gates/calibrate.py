@@ -7,8 +7,9 @@ Both servers are started again every `restart_every` runs, so the controls hold 
 CI run's two separate starts have. A run gives one A/A control (B against A) and one detection (B slowed against A).
 
 The report (report.md, results.jsonl) gives:
-- per check, the tolerance that `margin_from_controls` sizes from the controls' mean pair differences (what
-  `--write` puts into fixtures/gates/paired.yaml);
+- per check, the tolerance that `margin_for_pairs` sizes from the controls' pair differences for a gate of
+  fixtures/gates/paired.yaml's `pairs` (what `--write` puts into that file): the controls' spread split into the
+  start-to-start offset and the pairs' own spread, so controls shorter than the gate size it for the gate's pairs;
 - the A/A false alarms, each control decided with tolerances sized from the other controls (leave one out, so no
   control is judged by a tolerance it helped size);
 - per slowdown size, how often each metric is flagged, at tolerances sized from the controls of the other runs;
@@ -36,7 +37,8 @@ from harness.bench.run import PRESETS
 from harness.gates.decision import Tolerance
 from harness.gates.interleave import Arm, interleave
 from harness.gates.measure import STEADY_PREFIX_CACHE, warm
-from harness.gates.paired import PairedTolerances, decide_differences, margin_from_controls, paired_gate
+from harness.gates.paired import (ControlSpread, PairedTolerances, control_spread, decide_differences, margin_for_pairs,
+                                  paired_gate)
 from harness.machine.speed import machine_kind
 from harness.bench.metrics import REGISTRY
 from harness.gates.gate import FAMILY_ALPHA
@@ -137,6 +139,8 @@ class CheckCalibration:
     scale: str
     direction: str
     control_means: list[float]
+    spread: ControlSpread | None  # None with fewer than 3 controls
+    pairs: int  # the gate's pairs, what the margin is sized for
     margin: float  # sized from every control
     tolerance: Tolerance  # max(the file's floor: policy, what the controls need)
 
@@ -154,16 +158,20 @@ def analyse(results: list[dict], tolerances: PairedTolerances, family_alpha: flo
         point, metric = check.split(":")
         floor = tolerances.floor(point, metric)
         direction = REGISTRY[metric].direction
-        means = [m for r in results if (m := _mean(r["control"].get(check))) is not None]
-        margin = margin_from_controls(means, alpha) if len(means) >= 3 else float("nan")
+        controls = [d for r in results if (d := r["control"].get(check))]
+        means = [statistics.fmean(d) for d in controls]
+        enough = len(controls) >= 3
+        margin = margin_for_pairs(controls, alpha, tolerances.pairs) if enough else float("nan")
         sized = _as_tolerance(margin, floor.scale, direction)
         tol = sized if sized is not None and sized.value > floor.value else floor
-        calibrations[check] = CheckCalibration(check, floor.scale, direction, means, margin, tol)
+        calibrations[check] = CheckCalibration(check, floor.scale, direction, means,
+                                               control_spread(controls) if enough else None, tolerances.pairs, margin,
+                                               tol)
 
     def loo_margin(check: str, k: int) -> float:
         cal = calibrations[check]
-        others = [m for r in results if r["run"] != k and (m := _mean(r["control"].get(check))) is not None]
-        sized = margin_from_controls(others, alpha) if len(others) >= 3 else 0.0
+        others = [d for r in results if r["run"] != k and (d := r["control"].get(check))]
+        sized = margin_for_pairs(others, alpha, tolerances.pairs) if len(others) >= 3 else 0.0
         floor = tolerances.floor(*check.split(":")).margin(cal.direction)
         return max(sized, floor)
 
@@ -190,7 +198,17 @@ def analyse(results: list[dict], tolerances: PairedTolerances, family_alpha: flo
             two_looks.setdefault((i["size"], check), []).append(
                 _two_looks(i["slowed"].get(check), j["slowed"].get(check), loo_margin(check, i["run"]), alpha))
     return {"alpha": alpha, "checks": calibrations, "controls": controls, "detections": detections,
-            "two_looks": two_looks, "runs": len(results), "starts": len({r["start"] for r in results})}
+            "two_looks": two_looks, "runs": len(results), "starts": len({r["start"] for r in results}),
+            "control_pairs": _control_pairs(results)}
+
+
+def _control_pairs(results: list[dict]) -> int:
+    """The pairs each control measured (the most any control has: a run cut short has fewer)."""
+    return max((len(d) for r in results for d in r["control"].values() if d), default=0)
+
+
+def _gate_pairs(checks: dict) -> int:
+    return next(iter(checks.values())).pairs if checks else 0
 
 
 def _look_pairs(results: list[dict], same) -> list[tuple[dict, dict]]:
@@ -234,11 +252,16 @@ def report_markdown(analysis: dict, how: str, machine: str) -> str:
     lines = [f"# Paired gate calibration: {analysis['runs']} runs, {analysis['starts']} server starts of each arm",
              "", f"Machine: {machine}. Command: `{how}`. Each check at alpha {analysis['alpha']:.4g}.", "",
              "## Tolerances sized from the A/A controls", "",
-             "| check | controls | rms of control means | sized margin | tolerance |", "|---|---:|---:|---:|---:|"]
+             "Each control's mean pair difference is a start-to-start offset plus the mean of its pairs' noise; the "
+             "two are told apart (harness.gates.paired.control_spread) and put together again for a gate of "
+             f"{_gate_pairs(checks)} pairs, the margin `margin_for_pairs` sizes.", "",
+             "| check | controls | pairs per control | rms of control means | start offset (sd) | pair spread (sd) | "
+             "sized margin | tolerance |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for cal in checks.values():
         rms = math.sqrt(statistics.fmean(m * m for m in cal.control_means)) if cal.control_means else float("nan")
-        lines.append(f"| {cal.check} | {len(cal.control_means)} | {rms:.4f} | {cal.margin:.4f} | "
-                     f"{cal.tolerance.describe()} |")
+        offset, pair = (cal.spread.offset_sd, cal.spread.pair_sd) if cal.spread else (float("nan"), float("nan"))
+        lines.append(f"| {cal.check} | {len(cal.control_means)} | {analysis['control_pairs']} | {rms:.4f} | "
+                     f"{offset:.4f} | {pair:.4f} | {cal.margin:.4f} | {cal.tolerance.describe()} |")
     alarms = [c for c in analysis["controls"] if c["false_alarm"]]
     lines += ["", f"## A/A false alarms: {len(alarms)} of {len(analysis['controls'])} controls", "",
               "Each control decided with every check's tolerance sized from the other controls (leave one out)."]
@@ -270,8 +293,8 @@ def write_tolerances(analysis: dict, how: str, machine: str, path: Path = PAIRED
         point, metric = cal.check.split(":")
         raw.setdefault("points", {}).setdefault(point, {})[metric] = {"value": cal.tolerance.value,
                                                                       "scale": cal.tolerance.scale}
-    # The runs measured paired.yaml's `pairs` rounds each: the size of control the tolerances fit.
-    raw["measured"] = {"pairs": raw.get("pairs"), "machine": machine, "runs": analysis["runs"], "starts": analysis["starts"],
+    # `measured.pairs`: the rounds each control measured; the tolerances are sized for the gate's `pairs`.
+    raw["measured"] = {"pairs": analysis["control_pairs"], "machine": machine, "runs": analysis["runs"], "starts": analysis["starts"],
                        "command": how, "date": time.strftime("%Y-%m-%d")}
     header = "".join(line + "\n" for line in Path(path).read_text().splitlines() if line.startswith("#"))
     Path(path).write_text(header + yaml.safe_dump(raw, sort_keys=False))

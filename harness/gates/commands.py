@@ -89,6 +89,7 @@ def add_parsers(sub) -> None:
                     help="run the client on these cores (what `qwen36 serve` prints), e.g. 1")
     ab.add_argument("--out", type=Path, default=None, help="runs root (default: runs/)")
     ab.set_defaults(handler=_cmd_ab)
+    _add_slower_commit_parsers(sub)
 
     cal = sub.add_parser("calibrate", help="measure CI's paired gates on this machine (A/A controls, a slowed twin) "
                                            "and size their tolerances (docs/perf-gates.md)")
@@ -119,6 +120,48 @@ def add_parsers(sub) -> None:
     sv.add_argument("--model", type=Path, default=None, help="model directory (default: build the tiny model)")
     sv.add_argument("--run-dir", type=Path, default=Path("runs/reference"), help="worktree, logs")
     sv.set_defaults(handler=_cmd_reference_serve)
+
+
+def _add_slower_commit_parsers(sub) -> None:
+    sc = sub.add_parser("slower-commit", help="real slower commits kept as patch fixtures, replayed through `qwen36 ab` "
+                                              "against their parent (fixtures/gates/slower-commits/)")
+    scsub = sc.add_subparsers(dest="slower_commit_cmd", required=True)
+    scsub.add_parser("list", help="the fixtures, what each costs, the checks each should move, whether it applies "
+                                  "to HEAD").set_defaults(handler=_cmd_slower_commit_list)
+    rp = scsub.add_parser("replay", help="commit the fixture on HEAD in a scratch worktree and run its `qwen36 ab` "
+                                         "against HEAD N times (each starts both servers)")
+    rp.add_argument("name")
+    rp.add_argument("--times", type=int, default=5)
+    rp.add_argument("--out", type=Path, default=None, help="default: runs/slower-commits/NAME")
+    rp.set_defaults(handler=_cmd_slower_commit_replay)
+
+
+def _cmd_slower_commit_list(a) -> int:
+    from harness.gates.slower_commits import check_applies, load_slower_commits
+
+    for c in load_slower_commits().values():
+        problem = check_applies(c)
+        print(f"{c.name}: {c.cost}\n  own checks: {', '.join(f'{p}:{m}' for p, m in c.own)}; "
+              f"{'applies to HEAD' if problem is None else 'does NOT apply to HEAD: ' + problem}")
+    return 0
+
+
+def _cmd_slower_commit_replay(a) -> int:
+    from harness.gates.slower_commits import check_applies, load_slower_commits, replay
+    from harness.paths import RUNS_DIR
+
+    commits = load_slower_commits()
+    if a.name not in commits:
+        raise HarnessError(f"no slower commit {a.name!r}; the fixtures: {', '.join(commits)}")
+    if a.times < 1:
+        raise HarnessError("--times 1 or more")
+    commit = commits[a.name]
+    if (problem := check_applies(commit)) is not None:
+        raise HarnessError(f"{commit.patch} does not apply to HEAD ({problem}); refresh the fixture against HEAD")
+    out = replay(commit, a.times, a.out or RUNS_DIR / "slower-commits" / a.name)
+    text = (out / "summary.md").read_text()
+    print(text)
+    return 0
 
 
 def _cpus(text: str) -> tuple[int, ...]:
@@ -250,7 +293,8 @@ def _cmd_calibrate(a) -> int:
                            "--restart-every 1 or more, and one --sizes at least")
     directory = a.analyse or run_calibration(CalibrationPlan(a.runs, a.restart_every, sizes), a.out or RUNS_DIR,
                                              resume=a.resume)
-    how = f"qwen36 calibrate --runs {a.runs} --restart-every {a.restart_every} --sizes {a.sizes}"
+    how = (f"qwen36 calibrate --analyse {a.analyse}" if a.analyse else
+           f"qwen36 calibrate --runs {a.runs} --restart-every {a.restart_every} --sizes {a.sizes}")
     analysis = analyse(load_results(directory), PairedTolerances.load())
     text = report_markdown(analysis, how, measured_on(directory))
     (Path(directory) / "report.md").write_text(text)
