@@ -37,8 +37,8 @@ from harness.bench.run import PRESETS
 from harness.gates.decision import Tolerance
 from harness.gates.interleave import Arm, interleave
 from harness.gates.measure import STEADY_PREFIX_CACHE, warm
-from harness.gates.paired import (ControlSpread, PairedTolerances, control_spread, decide_differences, margin_for_pairs,
-                                  paired_gate)
+from harness.gates.paired import (OFFSET_BOUND, ControlSpread, PairedTolerances, control_spread, decide_differences,
+                                  margin_for_pairs, paired_gate)
 from harness.machine.speed import machine_kind
 from harness.bench.metrics import REGISTRY
 from harness.gates.gate import FAMILY_ALPHA
@@ -158,20 +158,23 @@ def analyse(results: list[dict], tolerances: PairedTolerances, family_alpha: flo
         point, metric = check.split(":")
         floor = tolerances.floor(point, metric)
         direction = REGISTRY[metric].direction
-        controls = [d for r in results if (d := r["control"].get(check))]
+        measured = [(d, r["start"]) for r in results if (d := r["control"].get(check))]
+        controls, starts = [d for d, _ in measured], [s for _, s in measured]
         means = [statistics.fmean(d) for d in controls]
         enough = len(controls) >= 3
-        margin = margin_for_pairs(controls, alpha, tolerances.pairs) if enough else float("nan")
+        margin = margin_for_pairs(controls, alpha, tolerances.pairs, starts) if enough else float("nan")
         sized = _as_tolerance(margin, floor.scale, direction)
         tol = sized if sized is not None and sized.value > floor.value else floor
         calibrations[check] = CheckCalibration(check, floor.scale, direction, means,
-                                               control_spread(controls) if enough else None, tolerances.pairs, margin,
+                                               control_spread(controls, starts) if enough else None, tolerances.pairs,
+                                               margin,
                                                tol)
 
     def loo_margin(check: str, k: int) -> float:
         cal = calibrations[check]
-        others = [d for r in results if r["run"] != k and (d := r["control"].get(check))]
-        sized = margin_for_pairs(others, alpha, tolerances.pairs) if len(others) >= 3 else 0.0
+        others = [(d, r["start"]) for r in results if r["run"] != k and (d := r["control"].get(check))]
+        sized = margin_for_pairs([d for d, _ in others], alpha, tolerances.pairs, [s for _, s in others]) \
+            if len(others) >= 3 else 0.0
         floor = tolerances.floor(*check.split(":")).margin(cal.direction)
         return max(sized, floor)
 
@@ -254,14 +257,18 @@ def report_markdown(analysis: dict, how: str, machine: str) -> str:
              "## Tolerances sized from the A/A controls", "",
              "Each control's mean pair difference is a start-to-start offset plus the mean of its pairs' noise; the "
              "two are told apart (harness.gates.paired.control_spread) and put together again for a gate of "
-             f"{_gate_pairs(checks)} pairs, the margin `margin_for_pairs` sizes.", "",
-             "| check | controls | pairs per control | rms of control means | start offset (sd) | pair spread (sd) | "
-             "sized margin | tolerance |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             f"{_gate_pairs(checks)} pairs, the margin `margin_for_pairs` sizes, with the offset at its "
+             f"{OFFSET_BOUND:.0%} upper confidence bound over the server starts.", "",
+             "| check | controls | pairs per control | rms of control means | start offset (sd) | its "
+             f"{OFFSET_BOUND:.0%} bound | pair spread (sd) | sized margin | tolerance |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for cal in checks.values():
         rms = math.sqrt(statistics.fmean(m * m for m in cal.control_means)) if cal.control_means else float("nan")
-        offset, pair = (cal.spread.offset_sd, cal.spread.pair_sd) if cal.spread else (float("nan"), float("nan"))
+        nan = float("nan")
+        offset, bound, pair = ((cal.spread.offset_sd, cal.spread.offset_bound, cal.spread.pair_sd) if cal.spread
+                               else (nan, nan, nan))
         lines.append(f"| {cal.check} | {len(cal.control_means)} | {analysis['control_pairs']} | {rms:.4f} | "
-                     f"{offset:.4f} | {pair:.4f} | {cal.margin:.4f} | {cal.tolerance.describe()} |")
+                     f"{offset:.4f} | {bound:.4f} | {pair:.4f} | {cal.margin:.4f} | {cal.tolerance.describe()} |")
     alarms = [c for c in analysis["controls"] if c["false_alarm"]]
     lines += ["", f"## A/A false alarms: {len(alarms)} of {len(analysis['controls'])} controls", "",
               "Each control decided with every check's tolerance sized from the other controls (leave one out)."]

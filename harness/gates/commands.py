@@ -134,6 +134,10 @@ def _add_slower_commit_parsers(sub) -> None:
     rp.add_argument("--times", type=int, default=5)
     rp.add_argument("--out", type=Path, default=None, help="default: runs/slower-commits/NAME")
     rp.set_defaults(handler=_cmd_slower_commit_replay)
+    sm = scsub.add_parser("summary", help="judge a replay's runs again with fixtures/gates/paired.yaml (no measuring)")
+    sm.add_argument("name")
+    sm.add_argument("dir", type=Path)
+    sm.set_defaults(handler=_cmd_slower_commit_summary)
 
 
 def _cmd_slower_commit_list(a) -> int:
@@ -161,6 +165,17 @@ def _cmd_slower_commit_replay(a) -> int:
     out = replay(commit, a.times, a.out or RUNS_DIR / "slower-commits" / a.name)
     text = (out / "summary.md").read_text()
     print(text)
+    return 0
+
+
+def _cmd_slower_commit_summary(a) -> int:
+    from harness.gates.slower_commits import load_slower_commits, summarise
+
+    commits = load_slower_commits()
+    if a.name not in commits:
+        raise HarnessError(f"no slower commit {a.name!r}; the fixtures: {', '.join(commits)}")
+    summarise(commits[a.name], a.dir)
+    print((a.dir / "summary.md").read_text())
     return 0
 
 

@@ -10,11 +10,13 @@ metrics). A replay:
 2. points that worktree's performance reference at the parent (fixtures/gates/reference.yaml, uncommitted);
 3. runs that worktree's `qwen36 ab` N times, each starting both servers again (the parent's and the slower
    commit's), as a user would;
-4. writes each run's verdicts per check (replays.jsonl) and a summary (summary.md): first look, confirmation,
-   and whether the commit was caught on its own metrics.
+4. records how each run ended (replays.jsonl) and judges every run from its run directories with paired.yaml's
+   tolerances (summary.md, summary.json): first look, confirmation, and whether the commit was caught on its own
+   checks. `summary` judges them again after the tolerances move.
 
     qwen36 slower-commit list
-    qwen36 slower-commit replay per-token-stream --times 5 --out runs/slower-commits
+    qwen36 slower-commit replay per-token-stream --times 5 --out runs/slower-commits/per-token-stream
+    qwen36 slower-commit summary per-token-stream runs/slower-commits/per-token-stream   # judged again, no measuring
 
 The worktree goes when the replay ends, Ctrl-C included; the run directories stay. `check_applies` is what the
 unit tests run on every fixture, so a fixture that no longer applies to HEAD fails on a laptop, not in a replay.
@@ -37,6 +39,7 @@ import yaml
 
 from harness.bench.metrics import REGISTRY
 from harness.errors import HarnessError
+from harness.gates.paired import PairedTolerances, paired_gate
 from harness.paths import FIXTURES, REFERENCE_FILE, REPO_ROOT
 
 SLOWER_COMMITS_DIR = FIXTURES / "gates" / "slower-commits"
@@ -101,28 +104,37 @@ def scratch_commit(commit: SlowerCommit, root: Path = REPO_ROOT) -> Iterator[tup
             subprocess.run(["git", "worktree", "prune"], cwd=root, capture_output=True, timeout=60)
 
 
-def verdicts(ab_out: Path) -> dict:
-    """One `qwen36 ab` run's verdict per check: the first look's and, where it was confirmed, the pooled one's."""
-    runs = sorted(p for p in Path(ab_out).glob("*-ab") if (p / "gate.json").exists())
-    if not runs:
-        raise HarnessError(f"{ab_out} holds no finished `qwen36 ab` run (no */gate.json)")
-    first = json.loads((runs[-1] / "gate.json").read_text())
-    pooled_path = runs[-1] / "confirmed" / "gate.json"
-    pooled = json.loads(pooled_path.read_text()) if pooled_path.exists() else None
-    pooled_rows = {(r["point"], r["metric"]): r for r in (pooled or {}).get("rows", [])}
+def verdicts(ab_out: Path, tolerances: PairedTolerances | None = None) -> dict:
+    """One `qwen36 ab` run's verdict per check, judged again from its run directories with `tolerances` (default:
+    fixtures/gates/paired.yaml's): the first look's and, where the first look flags it, the pooled one's (the first
+    look and its confirmation round; harness.gates.confirm). A check flagged by the first look whose point the run
+    did not measure again cannot be confirmed here and says so."""
+    firsts = sorted(p for p in Path(ab_out).glob("*-ab") if (p / "rounds.json").exists())
+    if not firsts:
+        raise HarnessError(f"{ab_out} holds no `qwen36 ab` run (no *-ab/rounds.json)")
+    first_path = firsts[-1]
+    confirmations = sorted(Path(ab_out).glob("*-confirm-B-against-A"))
+    first = paired_gate(first_path, "A", "B", tolerances)
+    flagged = {(r.point, r.metric) for r in first.regressions}
+    pooled = None
+    if flagged and confirmations:
+        # As harness.gates.confirm pools them: every check, a point measured once keeping its first-look pairs.
+        pooled = paired_gate([first_path, confirmations[-1]], "A", "B", tolerances, family_alpha=first.family_alpha)
     checks = {}
-    for row in first["rows"]:
-        key = (row["point"], row["metric"])
-        decision = row.get("decision") or {}
-        again = pooled_rows.get(key)
-        confirmed = row["verdict"] == "regression" and again is not None and again["verdict"] == "regression"
-        checks[f"{key[0]}:{key[1]}"] = {
-            "first": row["verdict"], "underpowered": bool(decision.get("underpowered")),
-            "worse_by": decision.get("worse_by"), "p_worse": decision.get("p_worse"),
-            "pooled": again["verdict"] if again else None,
-            "pooled_worse_by": ((again.get("decision") or {}).get("worse_by") if again else None),
-            "caught": confirmed}
-    return {"run": str(runs[-1]), "checks": checks}
+    for row in first.rows:
+        key = (row.point, row.metric)
+        again = None
+        if pooled is not None and key in flagged:
+            again = next((r for r in pooled.rows if (r.point, r.metric) == key), None)
+        d = row.decision
+        checks[f"{row.point}:{row.metric}"] = {
+            "first": row.verdict, "underpowered": bool(d and d.underpowered),
+            "worse_by": d.worse_by if d else None, "p_worse": d.p_worse if d else None,
+            "tolerance": row.tolerance.value, "spread": row.spread,
+            "pooled": again.verdict if again else ("not measured again" if key in flagged else None),
+            "pooled_worse_by": again.decision.worse_by if again and again.decision else None,
+            "caught": bool(again and again.verdict == "regression")}
+    return {"run": str(first_path), "checks": checks}
 
 
 def caught_on_own(record: dict, commit: SlowerCommit) -> bool:
@@ -142,17 +154,30 @@ def replay(commit: SlowerCommit, times: int, out: Path, root: Path = REPO_ROOT) 
                                   env={**os.environ, "PYTHONPATH": str(worktree)})
             record = {"commit": commit.name, "parent": parent, "run": i, "exit": done.returncode,
                       "seconds": round(time.monotonic() - began)}
-            try:
-                record.update(verdicts(ab_out))
-                record["caught_on_own"] = caught_on_own(record, commit)
-            except HarnessError as exc:
-                record["error"] = str(exc)
             with open(out / "replays.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
             if done.returncode not in (0, AB_REGRESSION):
                 break  # a refused or failed measurement: the records so far stay, the rest would fail alike
-    (out / "summary.md").write_text(summary_markdown(commit, load_replays(out)))
+    summarise(commit, out)
     return out
+
+
+def summarise(commit: SlowerCommit, out: Path, tolerances: PairedTolerances | None = None) -> list[dict]:
+    """Every replay in `out` judged again with `tolerances` (default: paired.yaml's), into summary.md and
+    summary.json; how each run ended (its exit status, seconds) stays as replays.jsonl recorded it."""
+    records = []
+    for record in load_replays(out):
+        record = {k: v for k, v in record.items() if k in ("commit", "parent", "run", "exit", "seconds")}
+        try:
+            judged = verdicts(Path(out) / f"run{record['run']}", tolerances)
+            record |= {"run_dir": judged["run"], "checks": judged["checks"]}
+            record["caught_on_own"] = caught_on_own(record, commit)
+        except HarnessError as exc:
+            record["error"] = str(exc)
+        records.append(record)
+    (Path(out) / "summary.md").write_text(summary_markdown(commit, records))
+    (Path(out) / "summary.json").write_text(json.dumps(records, indent=2) + "\n")
+    return records
 
 
 def load_replays(out: Path) -> list[dict]:
@@ -172,11 +197,13 @@ def summary_markdown(commit: SlowerCommit, records: list[dict]) -> str:
     lines = [f"# Slower commit `{commit.name}` against its parent, {len(records)} `qwen36 ab` runs", "",
              f"{commit.cost}", "", f"Own checks: {', '.join(own)}. **Caught on its own checks in {caught} of "
              f"{len(records)} runs.**", "",
-             "| run | exit | seconds | check | change, first look | first look | change, pooled | confirmed |",
-             "|---:|---:|---:|---|---:|---|---:|---|"]
+             "Exit: `qwen36 ab`'s status when it ran (1: a confirmed regression), with the tolerances of that day; "
+             "the verdicts are judged again with fixtures/gates/paired.yaml's.", "",
+             "| run | exit | seconds | check | change, first look | spread of pair ratios | tolerance | first look | "
+             "change, pooled | confirmed |", "|---:|---:|---:|---|---:|---:|---:|---|---:|---|"]
     for r in records:
         if "error" in r:
-            lines.append(f"| {r['run']} | {r['exit']} | {r['seconds']} | {r['error']} | | | | |")
+            lines.append(f"| {r['run']} | {r['exit']} | {r['seconds']} | {r['error']} | | | | | | |")
             continue
         for check, c in r["checks"].items():
             if check.endswith(("success_rate", "cache_hit_rate")) and c["first"] == "pass":
@@ -185,6 +212,8 @@ def summary_markdown(commit: SlowerCommit, records: list[dict]) -> str:
             first = c["first"] + (" (underpowered)" if c["underpowered"] and c["first"] == "pass" else "")
             mark = "**" if check in own else ""
             lines.append(f"| {r['run']} | {r['exit']} | {r['seconds']} | {mark}{check}{mark} | "
-                         f"{_change(c['worse_by'], metric)} | {first} | {_change(c['pooled_worse_by'], metric)} | "
+                         f"{_change(c['worse_by'], metric)} | "
+                         f"{'' if c['spread'] is None else format(c['spread'], '.3f')} | {c['tolerance']:g} | {first} | "
+                         f"{_change(c['pooled_worse_by'], metric)} | "
                          f"{'yes' if c['caught'] else ''} |")
     return "\n".join(lines) + "\n"
