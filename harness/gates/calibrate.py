@@ -301,7 +301,13 @@ def write_tolerances(analysis: dict, how: str, machine: str, path: Path = PAIRED
         raw.setdefault("points", {}).setdefault(point, {})[metric] = {"value": cal.tolerance.value,
                                                                       "scale": cal.tolerance.scale}
     # `measured.pairs`: the rounds each control measured; the tolerances are sized for the gate's `pairs`.
-    raw["measured"] = {"pairs": analysis["control_pairs"], "machine": machine, "runs": analysis["runs"], "starts": analysis["starts"],
-                       "command": how, "date": time.strftime("%Y-%m-%d")}
+    raw["measured"] = {"pairs": analysis["control_pairs"], "machine": machine, "runs": analysis["runs"],
+                       "starts": analysis["starts"], "command": how, "date": time.strftime("%Y-%m-%d"),
+                       # What each tolerance was sized from (harness.gates.paired.ControlSpread), on the log scale
+                       # (points for a rate): the simulations of tests/unit/test_gate_power.py read them.
+                       "spreads": {cal.check: {"offset_sd": round(cal.spread.offset_sd, 4),
+                                               "offset_bound": round(cal.spread.offset_bound, 4),
+                                               "pair_sd": round(cal.spread.pair_sd, 4)}
+                                   for cal in analysis["checks"].values() if cal.spread is not None}}
     header = "".join(line + "\n" for line in Path(path).read_text().splitlines() if line.startswith("#"))
     Path(path).write_text(header + yaml.safe_dump(raw, sort_keys=False))

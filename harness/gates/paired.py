@@ -102,9 +102,9 @@ def _prediction_margin(spread: float, k: int, alpha: float) -> float:
 
 
 # The start-to-start offset rests on the controls' few server starts (10 in the calibration), so a tolerance is sized
-# with its OFFSET_BOUND upper confidence bound, bootstrapped over the starts: sized at the estimate, the CI false
-# alarms simulated with the offset at its 90% bound reached 4.4% a run on the noisiest kind; at the 80% bound 3.2%
-# (docs/gate-simulation.md).
+# with its OFFSET_BOUND upper confidence bound, bootstrapped over the starts. Simulated with the offset at its 90%
+# bound, a CI run on the noisiest kind fails 4.3% of the time with tolerances sized at the estimate, 3.7% at the 80%
+# bound (docs/gate-simulation.md; tools/offset_bound_tradeoff.py).
 OFFSET_BOUND = 0.8
 _RESAMPLES = 2000
 
@@ -138,29 +138,34 @@ def control_spread(controls: list[list[float]], starts: Sequence | None = None,
     pair_var = float(np.mean([statistics.variance(d) for d, _ in kept]))
     offset = math.sqrt(max(0.0, float(square.mean() - sampling.mean())))
     labels = [s for _, s in kept]
-    groups = sorted(set(labels), key=str)
     bounded = offset
-    if starts is not None and len(groups) >= 3:
-        index = {g: i for i, g in enumerate(groups)}
-        member = np.zeros((len(groups), len(kept)))
-        for j, s in enumerate(labels):
-            member[index[s], j] = 1.0
-        picks = np.random.default_rng(0).integers(0, len(groups), (_RESAMPLES, len(groups)))
-        weights = np.zeros((_RESAMPLES, len(groups)))
-        np.add.at(weights, (np.arange(_RESAMPLES)[:, None], picks), 1.0)
-        per_control = weights @ member  # how often each control is drawn, per resample
-        offsets = np.sqrt(np.maximum(0.0, (per_control @ (square - sampling)) / per_control.sum(axis=1)))
-        bounded = max(offset, float(np.quantile(offsets, bound)))
+    if starts is not None and len(set(labels)) >= 3:
+        bounded = max(offset, _offset_bound(square - sampling, labels, bound))
     return ControlSpread(offset, math.sqrt(pair_var), len(kept), bounded)
 
 
-def margin_for_pairs(controls: list[list[float]], alpha: float, pairs: int, starts: Sequence | None = None) -> float:
+def _offset_bound(offset_parts: np.ndarray, labels: list, bound: float) -> float:
+    """The `bound` quantile of the offset estimate over resamples of whole starts (each control's part of the offset
+    variance, its mean square less its sampling part, drawn with its start)."""
+    groups = {g: i for i, g in enumerate(sorted(set(labels), key=str))}
+    member = np.zeros((len(groups), len(labels)))  # start x control
+    member[[groups[s] for s in labels], np.arange(len(labels))] = 1.0
+    picks = np.random.default_rng(0).integers(0, len(groups), (_RESAMPLES, len(groups)))
+    drawn = np.zeros((_RESAMPLES, len(groups)))
+    np.add.at(drawn, (np.arange(_RESAMPLES)[:, None], picks), 1.0)
+    per_control = drawn @ member  # how often each control is drawn, per resample
+    offsets = np.sqrt(np.maximum(0.0, (per_control @ offset_parts) / per_control.sum(axis=1)))
+    return float(np.quantile(offsets, bound))
+
+
+def margin_for_pairs(controls: list[list[float]], alpha: float, pairs: int, starts: Sequence | None = None,
+                     bound: float = OFFSET_BOUND) -> float:
     """margin_from_controls for a gate of `pairs` pairs, from controls of any number of pairs: the controls' spread
     split by control_spread and put together again at `pairs`. Controls of the gate's own size give about what
     margin_from_controls gives; shorter ones no longer size a wider tolerance than the gate needs (the
     calibration's 8-pair controls sized 11.0% on Output TPS P10: their spread was the 8-pair mean's sampling error,
-    half of which 16 pairs average out). `starts`: see control_spread."""
-    spread = control_spread(controls, starts)
+    half of which 16 pairs average out). `starts`, `bound`: see control_spread."""
+    spread = control_spread(controls, starts, bound)
     return _prediction_margin(spread.mean_sd(pairs), spread.controls, alpha)
 
 

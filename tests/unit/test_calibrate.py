@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import yaml
 
 from harness.gates.calibrate import MACHINE_FILE, analyse, measured_on, report_markdown, write_tolerances
@@ -89,3 +90,19 @@ def test_two_looks_pair_a_control_with_the_next_run_of_its_starts_and_a_slowdown
     slowed = looks[(0.2, TPS)]
     assert len(slowed) == 5 and all(f and c for f, c in slowed)  # a 0.4 shift: caught and confirmed every time
     assert "## Two looks" in report_markdown(analyse(results, TOL), "test", "m")
+
+
+def test_controls_shorter_than_the_gate_size_a_tighter_tolerance_for_it_and_the_file_says_from_what(tmp_path):
+    results = runs(start_sd=0.0, pair_sd=0.12)  # 8-pair controls, no offset between starts
+    gate16 = PairedTolerances(TOL.points, {}, pairs=16)
+    at8, at16 = analyse(results, TOL)["checks"][TPS], analyse(results, gate16)["checks"][TPS]
+    assert at16.margin < 0.9 * at8.margin and at16.pairs == 16
+    path = tmp_path / "paired.yaml"
+    path.write_text("pairs: 16\npoints: {}\n")
+    write_tolerances(analyse(results, gate16), "how", "m", path)
+    raw = yaml.safe_load(path.read_text())
+    assert raw["pairs"] == 16 and raw["measured"]["pairs"] == 8
+    spreads = raw["measured"]["spreads"]
+    assert set(spreads) == {TPS, TTFT} and spreads[TPS]["pair_sd"] == pytest.approx(0.12, rel=0.15)
+    assert spreads[TPS]["offset_bound"] >= spreads[TPS]["offset_sd"]
+    assert "its 80% bound" in report_markdown(analyse(results, gate16), "how", "m")

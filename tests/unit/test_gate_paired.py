@@ -9,12 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from harness.bench.metrics import REGISTRY
 from harness.gates.decision import Tolerance
 from harness.gates.gate import FAMILY_ALPHA
-from harness.gates.paired import (PairedTolerances, decide_paired, margin_from_controls, pair_differences,
-                                  paired_gate, report_markdown)
+from harness.paths import PAIRED_TOLERANCES_FILE
+from harness.gates.paired import (PairedTolerances, control_spread, decide_paired, margin_for_pairs,
+                                  margin_from_controls, pair_differences, paired_gate, report_markdown)
 from tests.perf_gates.ci_design import MUST_FLAG, STEP_SHARE, WIDEST_PAIR_SPREAD, slowdown_of
 
 TRIALS = 2000  # each sizes its tolerance anew: the rates are over the sizing's own error too
@@ -94,6 +96,48 @@ def test_a_regression_of_twice_the_tolerance_is_caught_nine_times_in_ten(pairs, 
     assert rate >= 0.9, f"caught {rate:.3f} of regressions of twice the tolerance"
 
 
+def simulated_controls(rng, n: int, pairs: int, offset_sd: float, pair_sd: float, per_start: int = 3):
+    """(controls, starts): `n` A/A controls of `pairs` pair differences, each start's offset shared by its controls."""
+    controls, starts, offset = [], [], 0.0
+    for i in range(n):
+        if i % per_start == 0:
+            offset = rng.normal(0, offset_sd)
+        controls.append(list(rng.normal(offset, pair_sd, pairs)))
+        starts.append(i // per_start)
+    return controls, starts
+
+
+def test_control_spread_tells_the_start_offset_from_the_pairs_spread():
+    controls, starts = simulated_controls(np.random.default_rng(5), 300, 8, 0.03, 0.10)
+    spread = control_spread(controls, starts)
+    assert spread.offset_sd == pytest.approx(0.03, abs=0.01) and spread.pair_sd == pytest.approx(0.10, rel=0.05)
+    assert spread.offset_bound >= spread.offset_sd
+    assert control_spread(controls).offset_bound == spread.offset_sd  # no starts: no bound to take
+    assert control_spread(controls, starts) == spread  # seeded: the same controls size the same tolerance
+
+
+def test_controls_of_the_gates_size_give_what_their_mean_square_gives_and_shorter_ones_no_wider():
+    rng = np.random.default_rng(6)
+    controls, _ = simulated_controls(rng, 300, 16, 0.02, 0.10)
+    means = [float(np.mean(d)) for d in controls]
+    assert margin_for_pairs(controls, 0.01, 16) == pytest.approx(margin_from_controls(means, 0.01), rel=0.05)
+    short, _ = simulated_controls(rng, 300, 8, 0.02, 0.10)
+    assert margin_for_pairs(short, 0.01, 16) == pytest.approx(margin_for_pairs(controls, 0.01, 16), rel=0.1)
+    assert margin_for_pairs(short, 0.01, 16) < 0.9 * margin_from_controls([float(np.mean(d)) for d in short], 0.01)
+
+
+def test_without_an_offset_sixteen_pairs_need_a_margin_near_one_over_the_square_root_of_two_of_eights():
+    # Near, not equal: the offset's estimate from finite controls is above 0 about half the time.
+    controls, _ = simulated_controls(np.random.default_rng(7), 300, 8, 0.0, 0.10)
+    ratio = margin_for_pairs(controls, 0.01, 16) / margin_for_pairs(controls, 0.01, 8)
+    assert 1 / math.sqrt(2) - 0.01 < ratio < 0.8, ratio
+
+
+def test_a_spread_needs_three_controls_of_two_pairs():
+    with pytest.raises(ValueError, match="3 or more"):
+        control_spread([[0.1, 0.2], [0.1, 0.0], [0.3]])
+
+
 def test_a_tolerance_needs_three_controls_and_grows_with_their_spread():
     with pytest.raises(ValueError, match="3 or more"):
         margin_from_controls([0.01, -0.01], 0.025)
@@ -103,16 +147,17 @@ def test_a_tolerance_needs_three_controls_and_grows_with_their_spread():
     assert margin_from_controls([0.03] * 4, 0.025) == pytest.approx(margin_from_controls([0.03, -0.03] * 2, 0.025))
 
 
-def write_interleaved(root: Path, a_blocks: list[dict], b_blocks: list[dict], point: str = "decode-micro@c2") -> Path:
-    """An interleaved run's files (harness.gates.interleave) with arms `session` and `twin`."""
-    for arm, blocks in (("session", a_blocks), ("twin", b_blocks)):
+def write_interleaved(root: Path, a_blocks: list[dict], b_blocks: list[dict], point: str = "decode-micro@c2",
+                      arms: tuple[str, str] = ("session", "twin")) -> Path:
+    """An interleaved run's files (harness.gates.interleave) with arms `arms` (a, b)."""
+    for arm, blocks in zip(arms, (a_blocks, b_blocks)):
         d = root / arm
         d.mkdir(parents=True)
         (d / "manifest.json").write_text(json.dumps({"model": "m"}))
         repeats = [{"repeat": i, "requests": 16, "successes": 16, "stalled_excluded": 0, "notes": [], **blk}
                    for i, blk in enumerate(blocks)]
         (d / "summary.json").write_text(json.dumps({"points": {point: {"repeats": repeats}}}))
-    (root / "rounds.json").write_text(json.dumps({"arms": {"session": "u1", "twin": "u2"}, "rounds": len(a_blocks),
+    (root / "rounds.json").write_text(json.dumps({"arms": {arms[0]: "u1", arms[1]: "u2"}, "rounds": len(a_blocks),
                                                  "end_reason": "completed", "points": [point]}))
     return root
 
@@ -171,22 +216,26 @@ def test_not_an_interleaved_run_is_refused_with_the_command_that_makes_one(tmp_p
 
 # CI's own design (fixtures/gates/paired.yaml's pairs and tolerances, tests/perf_gates/ci_design.py's slowdowns):
 # the tests that must flag catch their slowdowns at the widest pair spread CI has met, nearly always.
-START_SD = 0.044  # rms of two starts' difference on Output TPS P10, the calibration's (docs/perf-gates.md)
+def start_sd(point: str, metric: str) -> float:
+    """The start-to-start offset paired.yaml's tolerance of this check was sized with (its upper bound)."""
+    return yaml.safe_load(PAIRED_TOLERANCES_FILE.read_text())["measured"]["spreads"][f"{point}:{metric}"]["offset_bound"]
+
+
 MUST_FLAG_RATE = 0.99
 
 
 def ci_detection_rate(rng, point: str, metric: str, effect: float, pairs: int, spread: float,
                       trials: int = 4000) -> float:
     """Share of trials in which CI's gate flags `metric` at `point`: pairs whose log worsening is `effect` plus one
-    start-to-start offset per trial (N(0, START_SD)) plus N(0, spread) per pair, judged at paired.yaml's tolerance
-    and the gate's alpha per check."""
+    start-to-start offset per trial (N(0, start_sd), as paired.yaml's tolerance was sized with) plus N(0, spread)
+    per pair, judged at paired.yaml's tolerance and the gate's alpha per check."""
     tolerances = PairedTolerances.load()
     checks = sum(len(metrics) for metrics in tolerances.points.values())
     spec = REGISTRY[metric]
     sign = -1.0 if spec.direction == "higher" else 1.0
-    hits = 0
+    hits, offset_sd = 0, start_sd(point, metric)
     for _ in range(trials):
-        d = rng.normal(effect + rng.normal(0, START_SD), spread, pairs)
+        d = rng.normal(effect + rng.normal(0, offset_sd), spread, pairs)
         verdict = decide_paired([1.0] * pairs, list(np.exp(sign * d)), spec.direction,
                                 tolerances.tolerance(point, metric), FAMILY_ALPHA / checks).verdict
         hits += verdict == "regression"
