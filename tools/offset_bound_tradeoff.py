@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.bench.metrics import REGISTRY
-from harness.gates.calibrate import load_results
+from harness.gates.evidence.calibrate import load_results
 from harness.gates.gate import FAMILY_ALPHA
 from harness.gates.paired import PairedTolerances, control_spread, decide_differences, margin_for_pairs
 from tests.perf_gates.ci_design import WIDEST_PAIR_SPREAD

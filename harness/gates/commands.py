@@ -141,7 +141,7 @@ def _add_slower_commit_parsers(sub) -> None:
 
 
 def _cmd_slower_commit_list(a) -> int:
-    from harness.gates.slower_commits import check_applies, load_slower_commits
+    from harness.gates.evidence.slower_commits import check_applies, load_slower_commits
 
     for c in load_slower_commits().values():
         problem = check_applies(c)
@@ -151,7 +151,7 @@ def _cmd_slower_commit_list(a) -> int:
 
 
 def _cmd_slower_commit_replay(a) -> int:
-    from harness.gates.slower_commits import check_applies, load_slower_commits, replay
+    from harness.gates.evidence.slower_commits import check_applies, load_slower_commits, replay
     from harness.paths import RUNS_DIR
 
     commits = load_slower_commits()
@@ -169,7 +169,7 @@ def _cmd_slower_commit_replay(a) -> int:
 
 
 def _cmd_slower_commit_summary(a) -> int:
-    from harness.gates.slower_commits import load_slower_commits, summarise
+    from harness.gates.evidence.slower_commits import load_slower_commits, summarise
 
     commits = load_slower_commits()
     if a.name not in commits:
@@ -294,7 +294,7 @@ def _cmd_reference_serve(a) -> int:
 
 
 def _cmd_calibrate(a) -> int:
-    from harness.gates.calibrate import (CalibrationPlan, analyse, load_results, measured_on, report_markdown,
+    from harness.gates.evidence.calibrate import (CalibrationPlan, analyse, load_results, measured_on, report_markdown,
                                          run_calibration, write_tolerances)
     from harness.gates.paired import PairedTolerances
     from harness.paths import RUNS_DIR

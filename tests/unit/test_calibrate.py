@@ -1,4 +1,4 @@
-"""harness.gates.calibrate's analysis on synthetic runs: tolerances sized from the controls (never under the
+"""harness.gates.evidence.calibrate's analysis on synthetic runs: tolerances sized from the controls (never under the
 policy's), each control judged leave-one-out, detections counted per size, the confirmation round's rule ("two
 looks") counted the same ways, the machine taken from the measurement, and the file written back."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from harness.gates.calibrate import MACHINE_FILE, analyse, measured_on, report_markdown, write_tolerances
+from harness.gates.evidence.calibrate import MACHINE_FILE, analyse, measured_on, report_markdown, write_tolerances
 from harness.gates.decision import Tolerance
 from harness.gates.paired import PairedTolerances
 

@@ -1,4 +1,4 @@
-"""The real slower commits kept as fixtures (harness.gates.slower_commits): each still applies to HEAD and names checks
+"""The real slower commits kept as fixtures (harness.gates.evidence.slower_commits): each still applies to HEAD and names checks
 the gate has, a replay commits it on HEAD in a scratch worktree pointed at its parent and takes it away again, and
 a replay's runs are judged from their run directories (first look, confirmation) the way `qwen36 ab` judges them."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from harness.errors import HarnessError
 from harness.gates.decision import Tolerance
 from harness.gates.paired import PairedTolerances
-from harness.gates.slower_commits import (check_applies, load_slower_commits, scratch_commit, summarise,
+from harness.gates.evidence.slower_commits import (check_applies, load_slower_commits, scratch_commit, summarise,
                                           summary_markdown, verdicts)
 from harness.paths import REFERENCE_FILE, REPO_ROOT
 from tests.unit.test_gate_paired import write_interleaved
