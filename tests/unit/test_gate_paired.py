@@ -127,10 +127,11 @@ def test_controls_of_the_gates_size_give_what_their_mean_square_gives_and_shorte
 
 
 def test_without_an_offset_sixteen_pairs_need_a_margin_near_one_over_the_square_root_of_two_of_eights():
-    # Near, not equal: the offset's estimate from finite controls is above 0 about half the time.
+    # Near, not equal: the offset's estimate from finite controls is above 0 about half the time. (The ratio cannot
+    # fall below 1/sqrt(2) by construction; sizing from the 8-pair means as they are would give 1.)
     controls, _ = simulated_controls(np.random.default_rng(7), 300, 8, 0.0, 0.10)
     ratio = margin_for_pairs(controls, 0.01, 16) / margin_for_pairs(controls, 0.01, 8)
-    assert 1 / math.sqrt(2) - 0.01 < ratio < 0.8, ratio
+    assert ratio < 0.8, ratio
 
 
 def test_a_spread_needs_three_controls_of_two_pairs():
