@@ -39,7 +39,7 @@ from harness.gates.servers import (MOE_ON, NO_CACHE, REFERENCE, TWIN, acquire_co
 from harness.serving.health import dead_server_reports
 from harness.serving.shared_server import OWNER_ENV, SESSION, STATE_ENV, ServerInfo
 
-USAGE = "usage: python -m harness.suite_session -- CMD [ARG...] [-- CMD [ARG...]]..."
+USAGE = "usage: python -m harness.suite_session [--compared NAME,...] -- CMD [ARG...] [-- CMD [ARG...]]..."
 
 
 def split_commands(argv: list[str]) -> list[list[str]]:
@@ -81,14 +81,33 @@ def _acquire(state_dir: Path, model_dir: str, name: str) -> ServerInfo | None:
         return None
 
 
-def _start_compared(state_dir: Path, session: ServerInfo) -> None:
-    """The servers the perf gates compare with the session's (harness.gates.servers), then their warm-ups."""
+def compared_names(argv: list[str]) -> tuple[tuple[str, ...] | None, list[str]]:
+    """(the compared servers `--compared a,b` names, or None for all of them; the rest of argv)."""
+    if argv[:1] != ["--compared"]:
+        return None, argv
+    if len(argv) < 2:
+        raise SystemExit(f"{USAGE}\n(--compared takes a comma-separated list of names)")
+    names = tuple(n for n in argv[1].split(",") if n)
+    unknown = sorted(set(names) - set(PARALLEL_RUN_SERVERS + TIMING_RUN_SERVERS))
+    if unknown:
+        raise SystemExit(f"{USAGE}\n(no compared server {unknown}; the known ones: "
+                         f"{list(PARALLEL_RUN_SERVERS + TIMING_RUN_SERVERS)})")
+    return names, argv[2:]
+
+
+def _start_compared(state_dir: Path, session: ServerInfo, only: tuple[str, ...] | None = None) -> None:
+    """The servers the perf gates compare with the session's (harness.gates.servers; `only` those), then their
+    warm-ups."""
     servers = {SESSION: session}
     # Two at a time (memory, and two cores): first those the parallel run's tests use, then those of the timing run.
     for names in PARALLEL_RUN_SERVERS, TIMING_RUN_SERVERS:
+        names = tuple(n for n in names if only is None or n in only)
         with ThreadPoolExecutor(max_workers=2) as pool:
             started = {name: pool.submit(_acquire, state_dir, session.model_dir, name) for name in names}
         servers.update({name: f.result() for name, f in started.items() if f.result() is not None})
+    if only is not None and not set(only) & set(TIMING_RUN_SERVERS):
+        _say(f"the compared servers are up ({', '.join(sorted(servers))}); no timing run's server: nothing to warm")
+        return
     _say(f"the compared servers are up ({', '.join(sorted(servers))}); warming the gates' servers "
          f"(bench output in {state_dir}/warmups.log)")
     # The bench prints its tables on stdout; the pytest run's output is the console's.
@@ -158,7 +177,9 @@ def run(commands: list[list[str]], start_server: Start = shared_server.start_emb
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(split_commands(sys.argv[1:] if argv is None else argv))
+    only, rest = compared_names(sys.argv[1:] if argv is None else argv)
+    then = _start_compared if only is None else (lambda state_dir, session: _start_compared(state_dir, session, only))
+    return run(split_commands(rest), then=then)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -116,15 +117,38 @@ def _embedded_state(pytestconfig: pytest.Config, what: str) -> Path:
     return Path(state_dir)
 
 
+class ComparedServers(Mapping):
+    """harness.gates.servers' compared servers by name, each acquired the first time a test looks it up: started
+    here where nobody has started it (a session that started only some, as `make test-avx2` does, starts no more
+    than its tests use)."""
+
+    def __init__(self, state_dir: Path, model_dir: str):
+        self._state_dir, self._model_dir, self._servers = state_dir, model_dir, {}
+
+    def __getitem__(self, name: str) -> ServerInfo:
+        from harness.gates.servers import acquire_compared, by_name
+
+        by_name(name)  # a KeyError naming the known ones
+        if name not in self._servers:
+            self._servers[name] = acquire_compared(self._state_dir, self._model_dir, (name,))[name]
+        return self._servers[name]
+
+    def __iter__(self):
+        from harness.gates.servers import COMPARED
+
+        return iter(s.name for s in COMPARED)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 @pytest.fixture(scope="session")
-def compared_servers(pytestconfig: pytest.Config, openai_server: ServerInfo) -> dict[str, ServerInfo]:
+def compared_servers(pytestconfig: pytest.Config, openai_server: ServerInfo) -> Mapping[str, ServerInfo]:
     """The servers of harness.gates.servers, by name: the session's server started again (the twin), and with the
     arguments of a regression (the perf gates', and the pair the MoE substitution test compares). Under `make
-    test` they start during the parallel run (harness.suite_session); otherwise here, together, the first time
-    a test asks. Idle, a vLLM server's processes nearly sleep (docs/perf-gates.md: ~2% of a core each)."""
-    from harness.gates.servers import acquire_compared
-
-    return acquire_compared(_embedded_state(pytestconfig, "the compared servers are"), openai_server.model_dir)
+    test` they start during the parallel run (harness.suite_session); otherwise here, each the first time a test
+    asks for it. Idle, a vLLM server's processes nearly sleep (docs/perf-gates.md: ~2% of a core each)."""
+    return ComparedServers(_embedded_state(pytestconfig, "the compared servers are"), openai_server.model_dir)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -77,14 +76,9 @@ class MachineSpeed:
                    data["other_busy_cores"])
 
 
-def machine_kind(cpuinfo: str | None = None, amx_usable: bool | None = None) -> str:
-    """The kind of machine, for comparing baselines: architecture, CPU count, CPU vendor, family and model, the
-    KIND_FLAGS it has, whether torch can use AMX here (the kernel must allow it; vLLM CPU asks torch), and the
-    kernel's release. The kernel is there because a VM's CPU model and flags can be a template that hides the
-    host: the one change of kind seen so far (2026-12-03: 4.4x decode, 17x prefill) came with a new kernel build
-    (fc-v1045 -> fc-v1147); a kernel update then costs a re-recording, never a wrong comparison."""
-    import platform
-
+def cpu_fields(cpuinfo: str | None = None) -> dict[str, str]:
+    """/proc/cpuinfo's fields of the first CPU (`vendor_id`, `cpu family`, `model`, `model name`, `flags`...), from
+    `cpuinfo` or the file; {} where there is none (macOS, Windows)."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
@@ -94,6 +88,18 @@ def machine_kind(cpuinfo: str | None = None, amx_usable: bool | None = None) -> 
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def machine_kind(cpuinfo: str | None = None, amx_usable: bool | None = None) -> str:
+    """The kind of machine, for comparing baselines: architecture, CPU count, CPU vendor, family and model, the
+    KIND_FLAGS it has, whether torch can use AMX here (the kernel must allow it; vLLM CPU asks torch), and the
+    kernel's release. The kernel is there because a VM's CPU model and flags can be a template that hides the
+    host: the one change of kind seen so far (2026-12-03: 4.4x decode, 17x prefill) came with a new kernel build
+    (fc-v1045 -> fc-v1147); a kernel update then costs a re-recording, never a wrong comparison."""
+    import platform
+
+    fields = cpu_fields(cpuinfo)
     flags = set(fields.get("flags", "").split())
     if amx_usable is None:
         import torch
@@ -147,6 +153,8 @@ def _busy_cpu_seconds() -> float | None:
 
 
 def _own_cpu_seconds() -> float:
+    import resource  # not on Windows, where harness.machine.describe imports this module too
+
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 

@@ -12,9 +12,19 @@ is `execute_context_0(0)_generation_B(B)`. Every `cpu_op` event inside such a st
 records them: an op and the ops it calls each count once), and attributed to the block kind of the innermost
 enclosing module (`nn.Module: <class>_<n>` events, which the profiler records with Python stacks on) whose class
 names a kind; ops under no such module (embedding, logits, the decoder layer's own glue) are `other`.
+
+Those counts depend on the CPU as much as on the code: vLLM's CPU build takes other kernels, packs other weights and
+keeps its GDN state in another dtype on an AVX2-only CPU than with AVX-512 BF16. So each step also counts what the
+plugin itself calls (`plugin`), which does not: the operators called from the plugin's own Python code (its frames
+are `model/...` and `patches/...` in the trace's Python stacks) at the top level (not inside another operator), by
+the block kind around them. The innermost frame of the plugin's or vLLM's decides whose an operator is (torch's and
+the standard library's frames between are passed through), so vLLM's projections inside a served layer stay
+vLLM's. Operators whose schema may return their input itself (views, `reshape`, `contiguous`, `to`) and bare
+allocations are not counted: whether they copy depends on the layout and dtype vLLM chose on this CPU.
 """
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import re
@@ -28,8 +38,8 @@ import httpx
 
 from harness.errors import HarnessError
 
-__all__ = ["KINDS", "StepCount", "profiler_args", "block_kind", "decode_step_counts", "profile_decode_steps",
-           "count_growth"]
+__all__ = ["KINDS", "NO_KERNEL", "StepCount", "profiler_args", "block_kind", "computes", "decode_step_counts",
+           "profile_decode_steps", "count_growth"]
 
 # Block kinds, by the class of the innermost enclosing module; checked in this order.
 KINDS = ("norm", "gdn", "moe", "attention", "other")
@@ -40,6 +50,13 @@ _KIND_OF_CLASS = (
     ("attention", re.compile(r"Attention|Rotary")),
 )
 _MODULE_EVENT = re.compile(r"^nn\.Module: (\w+?)_\d+$")
+# Python frames as the profiler names them (`model/moe/router.py(82): route_topk_softmax`): the plugin's own code, and
+# vLLM's. Any other frame (torch's, the standard library's, a built-in call) is passed through to its caller.
+PLUGIN_FRAMES = ("model/", "patches/")
+VLLM_FRAMES = ("vllm/",)
+# ATen ops that move no data: allocations and metadata (views are recognised by their schema).
+NO_KERNEL = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "detach",
+                       "alias", "_reshape_alias", "set_", "resize_", "_unsafe_view", "view", "as_strided"})
 _STEP = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$")
 
 
@@ -49,6 +66,23 @@ def profiler_args(trace_dir: Path | str) -> tuple[str, ...]:
     config = {"profiler": "torch", "torch_profiler_dir": str(Path(trace_dir).resolve()),
               "torch_profiler_with_stack": True}
     return ("--profiler-config", json.dumps(config, separators=(",", ":")))
+
+
+@functools.cache
+def computes(op: str) -> bool:
+    """Whether a traced operator (`aten::mm`, `_C::onednn_mm`) is counted as work: not the profiler's own, not a bare
+    allocation, not an ATen op whose schema may return its input itself (a view, `reshape`, `contiguous`, `to`)."""
+    namespace, _, name = op.partition("::")
+    if namespace == "profiler":
+        return False
+    if namespace != "aten":
+        return True
+    if name in NO_KERNEL:
+        return False
+    import torch
+
+    packet = getattr(torch.ops.aten, name, None)
+    return packet is None or not any(getattr(packet, o).is_view for o in packet.overloads())
 
 
 def block_kind(module_class: str) -> str | None:
@@ -61,21 +95,27 @@ def block_kind(module_class: str) -> str | None:
 @dataclass(frozen=True)
 class StepCount:
     """The operators of the decode steps of `batch` requests in one profile: per kind (and in total) the fewest and
-    the most any step ran. Equal where the count is deterministic; a path whose launches depend on the data (the
-    CPU MoE dispatcher's `sorted` path loops over the experts a step routes to) gives a range."""
+    the most any step ran, all of them (`ranges`) and the plugin's own calls (`plugin`, module docstring). Equal where
+    the count is deterministic; a path whose launches depend on the data (the CPU MoE dispatcher's `sorted` path
+    loops over the experts a step routes to) gives a range."""
 
     batch: int
     steps: int
     ranges: dict[str, tuple[int, int]]  # kind or "total" -> (fewest, most)
+    plugin: dict[str, tuple[int, int]]  # the same, of the plugin's own top-level calls
 
     @property
     def total(self) -> int:
         return self.ranges["total"][1]
 
     def as_json(self) -> dict:
-        """kind -> the count, or [fewest, most] where the steps differed."""
-        return {k: (lo if lo == hi else [lo, hi]) for k, (lo, hi) in
-                ((k, self.ranges.get(k, (0, 0))) for k in ("total", *KINDS))}
+        """kind -> the count, or [fewest, most] where the steps differed; `plugin` the same, of the plugin's calls."""
+        return {**_as_json(self.ranges), "plugin": _as_json(self.plugin)}
+
+
+def _as_json(ranges: dict[str, tuple[int, int]]) -> dict:
+    return {k: (lo if lo == hi else [lo, hi]) for k, (lo, hi) in
+            ((k, ranges.get(k, (0, 0))) for k in ("total", *KINDS))}
 
 
 def _events(path: Path) -> list[dict]:
@@ -108,32 +148,74 @@ def _count_step(step: dict, ops: list[dict], modules: list[dict]) -> Counter:
     return counts
 
 
+def _frame_owner(name: str) -> str | None:
+    """'plugin' or 'vllm' for a Python frame of either's code, else None (passed through)."""
+    if name.startswith(PLUGIN_FRAMES):
+        return "plugin"
+    return "vllm" if name.startswith(VLLM_FRAMES) else None
+
+
+def _plugin_calls(step: dict, events: list[dict]) -> Counter:
+    """The step's top-level operators called from the plugin's code, by block kind. `events`: one thread's
+    python_function and cpu_op events sorted by (start, -duration), so that an event comes after those holding it."""
+    start, end = step["ts"], step["ts"] + step["dur"]
+    counts: Counter = Counter()
+    stack: list[tuple[float, dict]] = []  # the open events, innermost last, with their ends
+    open_ops = 0
+    for e in events:
+        if e["ts"] < start:
+            continue
+        if e["ts"] > end:
+            break
+        e_end = e["ts"] + e["dur"]
+        while stack and stack[-1][0] < e_end:
+            open_ops -= stack.pop()[1]["cat"] == "cpu_op"
+        if e["cat"] == "cpu_op":
+            if not open_ops and computes(e["name"]):
+                owner = next((o for o in (x.get("owner") for _, x in reversed(stack)) if o), None)
+                if owner == "plugin":
+                    counts[next((x["kind"] for _, x in reversed(stack) if x.get("kind")), "other")] += 1
+            open_ops += 1
+        stack.append((e_end, e))
+    return counts
+
+
 def decode_step_counts(trace_files: list[Path], batch: int) -> StepCount:
     """Per kind, the fewest and the most operators any decode step of exactly `batch` requests ran."""
     per_step: list[Counter] = []
+    plugin_per_step: list[Counter] = []
     for path in trace_files:
         events = [e for e in _events(path) if e.get("ph") == "X" and "dur" in e]
         for thread in {(e.get("pid"), e.get("tid")) for e in events}:
             mine = [e for e in events if (e.get("pid"), e.get("tid")) == thread]
             ops = sorted((e for e in mine if e.get("cat") == "cpu_op"), key=lambda e: e["ts"])
-            modules = []
+            modules, frames = [], []
             for e in mine:
-                match = _MODULE_EVENT.match(e["name"]) if e.get("cat") == "python_function" else None
+                if e.get("cat") != "python_function":
+                    continue
+                match = _MODULE_EVENT.match(e["name"])
                 kind = block_kind(match.group(1)) if match else None
                 if kind:
                     modules.append({"ts": e["ts"], "dur": e["dur"], "kind": kind})
+                frames.append({**e, "kind": kind, "owner": _frame_owner(e["name"])})
             modules.sort(key=lambda m: m["ts"])
+            nested = sorted(frames + ops, key=lambda e: (e["ts"], -e["dur"]))
             for e in mine:
                 step = _STEP.match(e["name"]) if e.get("cat") == "user_annotation" else None
                 if step and int(step.group(1)) == 0 and int(step.group(3)) == batch:
                     per_step.append(_count_step(e, ops, modules))
+                    plugin_per_step.append(_plugin_calls(e, nested))
     if not per_step:
         raise HarnessError(f"no decode step of {batch} requests (execute_context_0(0)_generation_{batch}(...)) in "
                            f"{[str(p) for p in trace_files]}: did the requests decode together?")
+    return StepCount(batch, len(per_step), _ranges(per_step), _ranges(plugin_per_step))
+
+
+def _ranges(per_step: list[Counter]) -> dict[str, tuple[int, int]]:
+    """Per kind and in total, the fewest and the most of the steps' counts."""
     for counts in per_step:
         counts["total"] = sum(counts[k] for k in KINDS)
-    ranges = {k: (min(c[k] for c in per_step), max(c[k] for c in per_step)) for k in ("total", *KINDS)}
-    return StepCount(batch, len(per_step), ranges)
+    return {k: (min(c[k] for c in per_step), max(c[k] for c in per_step)) for k in ("total", *KINDS)}
 
 
 def _post(client: httpx.Client, url: str) -> None:
@@ -186,9 +268,10 @@ def profile_decode_steps(base_url: str, model: str, trace_dir: Path | str, batch
 
 
 def count_growth(recorded: dict, measured: dict) -> list[str]:
-    """The gate's findings for one (server, batch): each kind, or the total, whose deterministic count grew (with
-    the difference) or stopped being deterministic. A kind recorded as a range (data-dependent launches) is not
-    gated: its count moves with the routing, not with the code."""
+    """The gate's findings for one (server, batch), on StepCount.as_json's counts or on their `plugin` part: each
+    kind, or the total, whose deterministic count grew (with the difference) or stopped being deterministic. A kind
+    recorded as a range (data-dependent launches) is not gated: its count moves with the routing, not with the
+    code."""
     findings = []
     for kind in ("total", *KINDS):
         was, now = recorded.get(kind, 0), measured.get(kind, 0)

@@ -136,13 +136,21 @@ def served_class() -> tuple[type, type]:
             if torch.compiler.is_compiling() or not DECODE.may_serve(hidden_states.device, hidden_states.dtype):
                 return super().forward(hidden_states)
             meta = _decode_only(self)
-            if meta is not None and self._model_computes_this():
-                name = DECODE.path(meta.num_decodes, 1, hidden_states.device, hidden_states.dtype)
-                if name == "triton" and self.kv_cache[1].dtype != torch.float32:
-                    name = _refuse_triton(self.kv_cache[1].dtype)
-                if name in SERVABLE:
-                    return self._served_decode(hidden_states, meta, name)
+            name = self._decode_path(meta, hidden_states) if meta is not None else None
+            if name is not None:
+                return self._served_decode(hidden_states, meta, name)
             return super().forward(hidden_states)
+
+        def _decode_path(self, meta, hidden_states: torch.Tensor) -> str | None:
+            """The model path that serves this decode-only step, or None where vLLM's own does: the table's choice
+            for the batch, unless this layer cannot run it (the fused kernel wants a float32 recurrent state; an
+            AVX2-only CPU's vLLM keeps it in bf16). One place, so the launch counter serves as the server does."""
+            if not self._model_computes_this():
+                return None
+            name = DECODE.path(meta.num_decodes, 1, hidden_states.device, hidden_states.dtype)
+            if name == "triton" and self.kv_cache[1].dtype != torch.float32:
+                name = _refuse_triton(self.kv_cache[1].dtype)
+            return name if name in SERVABLE else None
 
         def _model_computes_this(self) -> bool:
             width = self._conv_weight().shape[-1]

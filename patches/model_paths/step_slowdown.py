@@ -26,14 +26,13 @@ A change of slowdown is logged, so a test can see it took effect.
 """
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import logging
 import os
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
+
+from ..core.imports import when_imported
 
 __all__ = ["SLOWDOWN_ENV", "SLOWDOWN_FILE_ENV", "Slowdown", "SlowdownSource", "parse_slowdown", "install",
            "is_installed"]
@@ -209,7 +208,7 @@ def install(source: SlowdownSource, engine_cls=None) -> bool:
     if engine_cls is not None:
         _wrap_class(engine_cls, source)
         return True
-    _when_imported(ENGINE_MODULE, lambda module: _wrap_class(getattr(module, ENGINE_CLASS), source))
+    when_imported(ENGINE_MODULE, lambda module: _wrap_class(getattr(module, ENGINE_CLASS), source))
     return True
 
 
@@ -220,36 +219,6 @@ def _wrap_class(engine_cls, source: SlowdownSource) -> None:
     setattr(engine_cls, ENGINE_STEP, _wrap(getattr(engine_cls, ENGINE_STEP), current))
     _log.warning("qwen36: TEST-ONLY step slowdown installed in pid %d (%s, file %s): this server's steps are "
                  "deliberately slowed while it is on", os.getpid(), current.value.describe(), source.path)
-
-
-def _when_imported(name: str, callback: Callable) -> None:
-    """`callback(module)` once module `name` is imported: now, or right after the import executes it."""
-    if name in sys.modules:
-        callback(sys.modules[name])
-        return
-    if any(getattr(f, "module_name", None) == name for f in sys.meta_path):
-        return  # already waiting for it
-
-    class AfterImport(importlib.abc.MetaPathFinder):
-        module_name = name
-
-        def find_spec(self, fullname, path, target=None):
-            if fullname != name:
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(fullname)
-            if spec is None or spec.loader is None:
-                return spec
-            execute = spec.loader.exec_module
-
-            def exec_module(module):
-                execute(module)
-                callback(module)
-
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, AfterImport())
 
 
 def is_installed(engine_cls) -> bool:

@@ -295,3 +295,16 @@ def test_gdn_metadata_without_a_field_the_adapter_reads_is_not_applicable(monkey
     monkeypatch.setattr(GDNAttentionMetadata, "__dataclass_fields__", fields)
     [_, row] = apply_patches(settings(False), ONLY)
     assert row.state is PatchState.NOT_APPLICABLE and "non_spec_state_indices_tensor" in row.detail
+
+
+@pytest.mark.parametrize("state_dtype, served", [(torch.float32, "triton"), (torch.bfloat16, None)])
+def test_a_triton_choice_serves_a_float32_state_and_leaves_a_bf16_one_to_vllm(monkeypatch, state_dtype, served):
+    """vLLM's CPU platform keeps the GDN state in float32 only with AVX-512 BF16 (an AVX2 CPU keeps bf16), a GPU as the
+    model's config says: the fused kernel's float32 state is a choice the layer makes per server, not an assumption."""
+    install(force=False)
+    monkeypatch.setattr(served_gdn.DECODE, "path", lambda *args: "triton")  # what a GPU's table row says
+    layer = bare_gdn_layer()
+    monkeypatch.setattr(type(layer), "_model_computes_this", lambda self: True)
+    layer.kv_cache = (torch.zeros(2, 8, 3), torch.zeros(2, 1, 4, 4, dtype=state_dtype))
+    meta = type("Meta", (), {"num_decodes": 1})()
+    assert layer._decode_path(meta, inputs()[0][:1]) == served

@@ -2,8 +2,10 @@
 expert, built by vLLM with tensor parallelism 1 and its CPU weight processing) against the same block with the
 plugin's `MoERunner` substitute, same weights.
 
-vLLM's CPU linears drop their weights after packing them, so this also proves the substitute keeps the loaded
-values it reads. A mis-mapped weight (the shared expert's gate and up rows swapped) must fail the comparison. The
+Where vLLM's CPU linears pack their weights and drop the parameter (AVX-512 CPUs: oneDNN or AMX GEMMs) the substitute
+must read its kept copies; where they keep them (an AVX2-only CPU, where oneDNN cannot build a bf16 matmul) it must
+read vLLM's live parameters and hold no copy. Each test reads which happened on this CPU (`weight_sources`) and checks
+what follows, so the file holds on either kind (`make test-avx2` runs it as an AVX2 CPU). A mis-mapped weight (the shared expert's gate and up rows swapped) must fail the comparison. The
 end-to-end proof on the real tiny server is tests/patches/test_moe_substitution_server.py.
 """
 from __future__ import annotations
@@ -72,6 +74,44 @@ def run(cfg, block, x: torch.Tensor) -> torch.Tensor:
         return block(x)
 
 
+# The weights the served block reads, by the name build_moe_block loads them under, and where vLLM keeps each.
+def _vllm_parameters(block) -> dict[str, torch.Tensor]:
+    runner, shared = block.experts, block.experts.shared_experts._layer
+    return {"gate.weight": runner.gate.weight, "experts.routed_experts.w13_weight": runner.routed_experts.w13_weight,
+            "experts.routed_experts.w2_weight": runner.routed_experts.w2_weight,
+            "shared_expert.gate_up_proj.weight": shared.gate_up_proj.weight,
+            "shared_expert.down_proj.weight": shared.down_proj.weight,
+            "shared_expert_gate.weight": shared.expert_gate.weight}
+
+
+def _served_tensors(block) -> dict[str, torch.Tensor]:
+    """The tensors the served block computes with, by the same names (built at its first call)."""
+    w = block.experts._qwen36_block
+    return {"gate.weight": w.router, "experts.routed_experts.w13_weight": w.w13, "experts.routed_experts.w2_weight": w.w2,
+            "shared_expert.gate_up_proj.weight": w.shared_w1, "shared_expert.down_proj.weight": w.shared_w2,
+            "shared_expert_gate.weight": w.shared_gate}
+
+
+def weight_sources(block, loaded: dict[str, torch.Tensor]) -> dict[str, str]:
+    """What vLLM did with each loaded weight on this CPU: `kept` (its parameter still holds the loaded values) or
+    `transformed` (packed and dropped, or repacked)."""
+    return {name: "kept" if live.shape == loaded[name].shape and torch.equal(live, loaded[name]) else "transformed"
+            for name, live in _vllm_parameters(block).items()}
+
+
+def assert_reads_live_where_kept_and_copies_elsewhere(block, loaded: dict[str, torch.Tensor]) -> None:
+    """After its first call the served block reads vLLM's own parameter where vLLM kept the loaded values (no second
+    copy) and a copy of the loaded values where vLLM transformed them."""
+    sources, live, served = weight_sources(block, loaded), _vllm_parameters(block), _served_tensors(block)
+    for name, source in sources.items():
+        if source == "kept":
+            assert served[name].data_ptr() == live[name].data_ptr(), f"{name}: vLLM kept it, the block holds a copy"
+        else:
+            assert served[name].numel() and served[name].data_ptr() != live[name].data_ptr(), name
+            want = loaded[name][:served[name].shape[0]] if name.endswith("gate_up_proj.weight") else loaded[name]
+            assert torch.equal(served[name], want), f"{name}: the block's copy is not the loaded values"
+
+
 def tokens(n: int) -> torch.Tensor:
     return (torch.randn(n, 128, generator=torch.Generator().manual_seed(n)) * 0.5).to(torch.bfloat16)
 
@@ -80,14 +120,15 @@ def tokens(n: int) -> torch.Tensor:
 def test_the_served_block_equals_vllms_own_block_and_larger_calls_stay_vllms(vllm_config, n):
     own, weights = build(vllm_config, layer=1)
     assert type(own.experts).__name__ == "MoERunner"
-    assert own.gate.weight.numel() == 0  # vLLM's CPU linears dropped theirs: the substitute must have kept them
     install(force=True)
     ours, _ = build(vllm_config, layer=1, weights=weights)
     assert type(ours.experts).__name__ == "ServedMoERunner"
+    assert weight_sources(ours, weights) == weight_sources(own, weights)
     x = tokens(n)
     want, got = run(vllm_config, own, x), run(vllm_config, ours, x)
     assert served_choice.SERVED[("moe_block", "composed")] == 1
     torch.testing.assert_close(got, want, **BF16_TOL)
+    assert_reads_live_where_kept_and_copies_elsewhere(ours, weights)
 
     big = tokens(served_moe.FUSED_BLOCK_MAX_TOKENS + 1)  # prefill-sized: vLLM's runner, bit for bit
     assert torch.equal(run(vllm_config, ours, big), run(vllm_config, own, big))
@@ -165,13 +206,14 @@ def test_a_reshaped_runner_forward_is_not_applicable(monkeypatch):
 
 def test_the_block_reads_vllms_live_weights_where_they_hold_the_loaded_values_and_its_copies_elsewhere(vllm_config):
     install(force=True)
-    block, _ = build(vllm_config, layer=1)
+    block, loaded = build(vllm_config, layer=1)
     runner = block.experts
     kept_gate = runner._qwen36_kept[0]
-    runner.gate.weight = kept_gate  # as on a GPU: vLLM left the router gate's parameter in place
+    runner.gate.weight = kept_gate  # as on a GPU, or an AVX2 CPU: vLLM left the router gate's parameter in place
+    down = runner.shared_experts._layer.down_proj
+    down.weight = torch.nn.Parameter(torch.empty(0, dtype=torch.bfloat16), requires_grad=False)  # as packed on AVX-512
+    sources = weight_sources(block, loaded)
+    assert sources["gate.weight"] == "kept" and sources["shared_expert.down_proj.weight"] == "transformed"
     run(vllm_config, block, tokens(1))
-    weights = runner._qwen36_block
-    assert weights.router.data_ptr() == runner.gate.weight.data_ptr()  # the live one
-    assert runner.shared_experts._layer.down_proj.weight.numel() == 0  # dropped by vLLM's CPU linear...
-    assert weights.shared_w2.numel() > 0  # ...so the block reads its kept copy
+    assert_reads_live_where_kept_and_copies_elsewhere(block, loaded)
     assert runner._qwen36_kept == ()  # the references are let go: the block's weights hold what stays

@@ -10,7 +10,7 @@ runs four arms, and each test decides on one pair of them (harness.gates.paired)
 | A/A control | session | twin: the session's server started again, same commit, same arguments | pass every check |
 | slower decode | session | twin-slowed: decode steps slower by DECODE_SLOWDOWN (ci_design.py) | flag decode-micro's Output TPS P10 and weighted throughput |
 | slower prefill | session | twin-slowed: prefill steps slower by PREFILL_SLOWDOWN (ci_design.py) | flag official-like's TTFT P90 |
-| slower commit | reference: the performance reference commit's own server | session (HEAD) | pass every check |
+| slower commit | reference: the performance reference commit's own server | twin (HEAD's server, started fresh) | pass every check |
 
 The two that must pass are judged by the confirmed rule (harness.gates.confirm): a flagged check is measured again,
 another round of the two arms, and fails only if the pooled pairs flag it too; by design a gate's first look alone
@@ -69,13 +69,13 @@ class Measured:
 def measured(openai_server, twin_server, reference_or_why, tmp_path_factory) -> Measured:
     twin = twin_server
     reference, _ = reference_or_why
-    # In this order (reversed every other round): the session's blocks next to both the twin's and the reference's,
-    # whose verdicts must pass, so that those pairs are measured closest in time.
+    # In this order (reversed every other round): the twin's blocks next to both the session's and the reference's,
+    # whose verdicts must pass (the A/A control, the slower commit), so that those pairs are measured closest in time.
     # The session's slowdown is never set: its server runs as its code says (a commit that slows it by default
     # must show against the reference).
     arms = [Arm(SESSION, openai_server), Arm(TWIN, twin, lambda point: ""), Arm(SLOWED, twin, slowed)]
     if reference is not None:
-        arms.insert(0, Arm(REFERENCE, reference))
+        arms.insert(2, Arm(REFERENCE, reference))
     out = tmp_path_factory.mktemp("paired")
     for arm in arms:  # the prefix caches' steady state; `make test` warmed them during the parallel run
         with exclusive(arm.server):
@@ -127,12 +127,14 @@ def test_slower_prefill_is_caught_on_ttft(measured, paired_reports):
 
 
 def test_head_is_not_slower_than_the_performance_reference_commit(measured, reference_or_why, paired_reports):
+    """HEAD's fresh server against the reference's fresh server: both started in the timing run's set and warmed
+    the same way (harness.suite_session), so the verdict is about the commit. The session's server has served the
+    whole parallel run by then; against the reference it measures the session's state as well (a run of the
+    gate-power work read the session server at 116 tok/s and its fresh twin at 128, +10% against a 9.5% tolerance),
+    so that comparison is printed for the record, not gated (docs/perf-gates.md, "What CI proves")."""
     _, why = reference_or_why
     if why is not None:
         pytest.fail(why, pytrace=False)
-    # For the record, not a verdict: the reference against the twin, HEAD's server started fresh as the reference
-    # was. A run whose session-based verdict fails while this one holds points at the session server's age
-    # (reports/perf-gates-2026-12-03.md, ci17), not at the commit.
-    verdict(measured, REFERENCE, TWIN, "commit-against-twin", paired_reports, " (for the record, not gated)")
-    result = confirmed_verdict(measured, REFERENCE, SESSION, "slower-commit", paired_reports)
+    verdict(measured, REFERENCE, SESSION, "commit-against-session", paired_reports, " (for the record, not gated)")
+    result = confirmed_verdict(measured, REFERENCE, TWIN, "slower-commit", paired_reports)
     assert result.passed, result.markdown()

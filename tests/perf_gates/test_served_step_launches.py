@@ -1,24 +1,30 @@
-"""The served decode step's operators, counted, per block kind, at B = 1 and 8: a gate that fails when a count grows.
+"""The plugin's own operators in the served decode step, counted per block kind at B = 1 and 8: a gate that fails
+when a count grows, on every kind of CPU.
 
 The platform runs eager, where each operator costs its host dispatch, so this count is what a launch-bound server
 feels per token, and it has no timing noise. Both sides are harness.gates.servers' profiled pair: `no-cache` (vLLM's
 own layers) and `moe-on` (every substitution: the routed experts, the router, and the served blocks forced to the
 model's paths, as the CPU server runs them). harness.serving.step_profile counts vLLM's own torch-profiler trace.
 
-Recorded counts: fixtures/gates/served-step-launches.json, per CPU kind (the CPU paths differ by what the CPU has:
-vLLM packs its GDN conv weights for a C++ kernel only with AVX-512 BF16, for example). A kind recorded as a range
-moves with the data (the CPU MoE dispatcher's `sorted` path at B = 8 loops over the experts a step routes to) and is
-shown, not gated. Re-record after a change that should move a count: QWEN36_RECORD_SERVED_LAUNCHES=1 with this
-test (it rewrites this CPU kind's entry and passes; commit the diff).
+What is gated is `plugin`: the top-level operators the plugin's own code calls (harness.serving.step_profile's
+module docstring says how they are told from vLLM's). It does not depend on the CPU, where the step's whole count does:
+on this project's AVX-512 BF16 machine the substituted step at B = 1 ran 2430 operators, under the AVX2 emulation
+(`make test-avx2`) 2547 (vLLM's torch-linear fallback, its bf16 GDN state), and the plugin's own 231 on both
+(2026-12-07). So one recorded count serves every kind CI lands on, and a substitute that gains one operator per layer
+fails on each. The whole step's counts of both servers are printed beside, not gated: they move with vLLM's build and
+the CPU. At B = 8 the MoE block's count depends on the data (the `sorted` expert path loops over the experts a step
+routes to: 104 to 203 plugin operators, one kind to another), so it is recorded as a range and not gated
+(DATA_DEPENDENT); at B = 1 every count is exact.
+
+Recorded: fixtures/gates/served-step-launches.json. Re-record after a change that should move a count:
+QWEN36_RECORD_SERVED_LAUNCHES=1 with this test (it rewrites the fixture and passes; commit the diff).
 """
 from __future__ import annotations
 
 import json
 import os
-import platform
 
 import pytest
-import torch
 
 from harness.gates.servers import MOE_ON, NO_CACHE, exclusive, trace_dir_of
 from harness.paths import REPO_ROOT
@@ -30,17 +36,28 @@ FIXTURE = REPO_ROOT / "fixtures" / "gates" / "served-step-launches.json"
 RECORD_ENV = "QWEN36_RECORD_SERVED_LAUNCHES"
 BATCHES = (1, 8)
 SIDES = {"vllm_own": NO_CACHE, "substituted": MOE_ON}
+# Kinds whose plugin count moves with the routing at a batch size (and so the total): recorded as ranges, not gated.
+DATA_DEPENDENT = {"8": ("moe", "total")}
 
 
-def cpu_kind() -> str:
-    """What decides vLLM's CPU paths: the ISA extensions its kernels dispatch on."""
-    flags = [name for name, on in (("avx512_bf16", torch.cpu._is_avx512_bf16_supported()),
-                                   ("amx", torch.cpu._is_amx_tile_supported())) if on]
-    return f"{platform.machine()}+{'+'.join(flags) or 'no-bf16-isa'}"
+def plugin_counts_to_record(measured: dict) -> dict:
+    """The substituted server's plugin counts by batch, the data-dependent ones as [fewest, most] ranges."""
+    out = {}
+    for batch, counts in measured["substituted"].items():
+        plugin = dict(counts["plugin"])
+        for kind in DATA_DEPENDENT.get(batch, ()):
+            value = plugin[kind]
+            plugin[kind] = value if isinstance(value, list) else [value, value]
+        out[batch] = plugin
+    return out
 
 
-def test_the_cpu_kind_names_its_isa():
-    assert cpu_kind().startswith(platform.machine())
+def test_data_dependent_counts_are_recorded_as_ranges_and_not_gated():
+    measured = {"substituted": {"1": {"plugin": {"total": 9, "moe": 4}}, "8": {"plugin": {"total": 12, "moe": 7}}}}
+    recorded = plugin_counts_to_record(measured)
+    assert recorded == {"1": {"total": 9, "moe": 4}, "8": {"total": [12, 12], "moe": [7, 7]}}
+    assert count_growth(recorded["8"], {"total": 30, "moe": 25}) == []
+    assert count_growth(recorded["1"], {"total": 10, "moe": 5}) == ["total: 9 -> 10 (+1)", "moe: 4 -> 5 (+1)"]
 
 
 def test_served_decode_step_launches_do_not_grow(compared_servers):
@@ -52,17 +69,16 @@ def test_served_decode_step_launches_do_not_grow(compared_servers):
                                                            api_key=server.api_key).as_json() for b in BATCHES}
     table = "\n".join(f"  {side:<12} B={b}: {counts}" for side, by_batch in measured.items()
                       for b, counts in by_batch.items())
-    print(f"\nserved decode step operators on {cpu_kind()}:\n{table}")
-    recorded = json.loads(FIXTURE.read_text()) if FIXTURE.exists() else {"kinds": {}}
+    print(f"\nserved decode step operators (the whole step's by kind; `plugin`: the plugin's own):\n{table}")
+    measured_plugin = plugin_counts_to_record(measured)
     if os.environ.get(RECORD_ENV) == "1":
-        recorded["kinds"][cpu_kind()] = measured
-        FIXTURE.write_text(json.dumps(recorded, indent=2) + "\n")
+        FIXTURE.write_text(json.dumps({"what": json.loads(FIXTURE.read_text())["what"], "plugin": measured_plugin},
+                                      indent=2) + "\n")
         return
-    baseline = recorded["kinds"].get(cpu_kind())
-    if baseline is None:
-        pytest.skip(f"no recorded count for this CPU kind ({cpu_kind()}; recorded: {sorted(recorded['kinds'])}): "
-                    f"record it with {RECORD_ENV}=1 and commit {FIXTURE.relative_to(REPO_ROOT)}")
-    findings = [f"{side} B={b}: {finding}" for side in SIDES for b in map(str, BATCHES)
-                for finding in count_growth(baseline[side][b], measured[side][b])]
-    assert not findings, ("the served decode step makes more operators than recorded (a launch-bound platform pays "
-                          "each): " + "; ".join(findings) + f". If intended, re-record with {RECORD_ENV}=1.")
+    recorded = json.loads(FIXTURE.read_text())["plugin"]
+    own = {b: measured["vllm_own"][b]["plugin"]["total"] for b in map(str, BATCHES)}
+    assert set(own.values()) == {0}, f"the server without substitutions ran the plugin's operators in its steps: {own}"
+    findings = [f"B={b} plugin {finding}" for b in map(str, BATCHES)
+                for finding in count_growth(recorded[b], measured_plugin[b])]
+    assert not findings, ("the plugin's code makes more operators per decode step than recorded (a launch-bound "
+                          "platform pays each): " + "; ".join(findings) + f". If intended, re-record with {RECORD_ENV}=1.")

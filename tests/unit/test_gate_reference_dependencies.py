@@ -32,6 +32,7 @@ def test_a_change_to_what_the_environment_installs_is_a_difference():
 
 
 def test_the_extras_compared_are_the_ones_make_venv_installs():
-    installs = re.findall(r"-e '\.\[([\w,-]+)\]'", (REPO_ROOT / "Makefile").read_text())
-    assert installs, "the Makefile's install line moved: read it here again"
+    installs = re.findall(r"^EXTRAS := ([\w,-]+)$", (REPO_ROOT / "Makefile").read_text(), re.M)
+    assert installs, "the Makefile's extras moved: read it here again"
+    # (where vLLM's CPU build cannot install, it installs fewer: no reference server runs there)
     assert {tuple(extras.split(",")) for extras in installs} == {ENVIRONMENT_EXTRAS}

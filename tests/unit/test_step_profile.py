@@ -9,7 +9,7 @@ import pytest
 
 from harness.errors import HarnessError
 from harness.serving.step_profile import (
-    KINDS, block_kind, count_growth, decode_step_counts, profiler_args,
+    KINDS, block_kind, computes, count_growth, decode_step_counts, profiler_args,
 )
 
 
@@ -55,7 +55,9 @@ def test_only_decode_steps_of_the_batch_count_and_ops_outside_a_kind_are_other(t
               + step(6000, 0, 2, DECODER + DECODER))  # another batch
     counts = decode_step_counts([write(tmp_path, events)], batch=1)
     assert counts.steps == 2
-    assert counts.as_json() == {"total": 9, "norm": 1, "gdn": 3, "moe": 2, "attention": 2, "other": 1}
+    assert {k: v for k, v in counts.as_json().items() if k != "plugin"} == {
+        "total": 9, "norm": 1, "gdn": 3, "moe": 2, "attention": 2, "other": 1}
+    assert counts.as_json()["plugin"] == dict.fromkeys(("total", *KINDS), 0)  # no frame of the plugin's code
 
 
 def test_a_nested_module_counts_as_its_own_kind(tmp_path):
@@ -69,6 +71,7 @@ def test_a_nested_module_counts_as_its_own_kind(tmp_path):
 def test_a_count_that_varies_between_steps_is_a_range_and_is_not_gated(tmp_path):
     events = step(0, 0, 8, DECODER) + step(2000, 0, 8, DECODER[:2] + [("Qwen3NextSparseMoeBlock", 5)] + DECODER[3:])
     counts = decode_step_counts([write(tmp_path, events)], batch=8).as_json()
+    del counts["plugin"]
     assert counts["moe"] == [2, 5] and counts["gdn"] == 3 and counts["total"] == [9, 12]
     assert count_growth(counts, {**counts, "moe": 99, "total": 99}) == []
 
@@ -94,3 +97,44 @@ def test_the_profiler_arguments_are_vllms_profiler_config_with_an_absolute_dir(t
     assert flag == "--profiler-config" and config["profiler"] == "torch"
     assert config["torch_profiler_dir"] == str(tmp_path / "traces") and config["torch_profiler_with_stack"] is True
     assert set(KINDS) == {"norm", "gdn", "moe", "attention", "other"}
+
+
+def frame(name: str, ts: float, dur: float) -> dict:
+    return event("python_function", name, ts, dur)
+
+
+def served_gdn_layer(ts: float) -> list[dict]:
+    """A served GDN layer's call: vLLM's projection (its frame, an op inside), then the plugin's core calling torch
+    ops (two that compute, one nested inside another, a view and a torch.nn.functional wrapper's op), then vLLM's
+    out_proj."""
+    return [
+        frame("nn.Module: ServedQwenGatedDeltaNet_0", ts, 100),
+        frame("patches/model_paths/served_gdn.py(190): _served_decode", ts + 1, 98),
+        frame("vllm/model_executor/layers/linear.py(400): forward", ts + 2, 10),
+        event("cpu_op", "_C::onednn_mm", ts + 3, 5),  # vLLM's
+        frame("model/gdn/staged.py(98): staged_core", ts + 20, 50),
+        frame("<built-in method index_select of Tensor object at 0x7f>", ts + 21, 4),
+        event("cpu_op", "aten::index_select", ts + 21.5, 3),  # the plugin's: counted
+        event("cpu_op", "aten::transpose", ts + 26, 1),  # a view: not counted
+        event("cpu_op", "aten::to", ts + 28, 6),  # may return its input: not counted...
+        event("cpu_op", "aten::_to_copy", ts + 29, 4),  # ...nor what it calls (nested)
+        frame("torch/nn/functional.py(2200): silu", ts + 40, 5),  # passed through to the plugin's frame
+        event("cpu_op", "aten::silu", ts + 41, 3),  # the plugin's: counted
+        frame("vllm/model_executor/layers/linear.py(1400): forward", ts + 80, 10),
+        event("cpu_op", "aten::mm", ts + 81, 5),  # vLLM's out_proj
+    ]
+
+
+def test_the_plugins_own_calls_are_the_top_level_ops_of_its_frames_by_kind(tmp_path):
+    events = [event("user_annotation", "execute_context_0(0)_generation_1(1)", 0, 1000)]
+    events += served_gdn_layer(10) + served_gdn_layer(200)
+    events.append(event("cpu_op", "aten::argmax", 900, 1))  # outside any frame: vLLM's sampler, not the plugin's
+    counts = decode_step_counts([write(tmp_path, events)], batch=1).as_json()
+    assert counts["plugin"] == {"total": 4, "norm": 0, "gdn": 4, "moe": 0, "attention": 0, "other": 0}
+    assert counts["gdn"] == 2 * 7 and counts["other"] == 1  # the whole step's count holds everything
+
+
+def test_what_computes_is_told_by_the_op_schema():
+    assert computes("aten::mm") and computes("aten::index_select") and computes("_C::onednn_mm")
+    assert not computes("aten::transpose") and not computes("aten::to") and not computes("aten::reshape")
+    assert not computes("aten::empty") and not computes("profiler::_record_function_enter_new")

@@ -133,3 +133,11 @@ def test_later_commands_wait_until_every_start_is_over(tmp_path):
              f"sys.exit(0 if (Path(os.environ[{suite_session.STATE_ENV!r}]) / 'late.json').exists() else 9)"]
     quick = [sys.executable, "-c", "pass"]
     assert suite_session.run([quick, check], start_server=_fake_start, then=slow_then) == 0
+
+
+def test_compared_names_the_servers_to_start_and_refuses_an_unknown_one():
+    assert suite_session.compared_names(["--", "a"]) == (None, ["--", "a"])
+    assert suite_session.compared_names(["--compared", "no-cache,moe-on", "--", "a"]) == (("no-cache", "moe-on"),
+                                                                                         ["--", "a"])
+    with pytest.raises(SystemExit, match="no compared server"):
+        suite_session.compared_names(["--compared", "no-cache,nonesuch", "--", "a"])

@@ -2,6 +2,7 @@
 writes a report and a dispatch table, and the dispatchers then follow that table."""
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -17,6 +18,10 @@ from model.norm.rms_norm import select_add_rms_norm_path
 MOE_POINTS, BLOCK_POINTS, PREFILL_POINTS, DECODE_POINTS = (1, 3, 16), (1,), (64,), (1, 4)
 CONV_POINTS, NORM_ROWS = (1, 64), (1, 4, 64)  # one token and the prefill points; the norms' rows add the batches
 STEP_BLOCKS = (("attention_layer_decode", DECODE_POINTS), ("add_rms_norm", NORM_ROWS))  # the attention at the batches
+HAS_VLLM = importlib.util.find_spec("vllm") is not None  # without vLLM's CPU build, no vLLM paths to time
+# Why our Triton paths do not run here: Triton compiles for CUDA, and without vLLM's CPU build (which brings it) it
+# is absent (fla-core's paths say CUDA either way)
+WHY_NO_TRITON = "CUDA" if importlib.util.find_spec("triton") else "Triton is not installed"
 
 
 @pytest.fixture(scope="module")
@@ -52,18 +57,21 @@ def test_the_command_checks_every_available_path_and_writes_its_files(tuned):
            "attention_layer_decode", "add_rms_norm")]
     assert ok and all(r["err_eager"] <= r["bound"] for r in ok)
     # the step's other blocks: every path this CPU runs compiled-Triton-free, each checked (triton needs CUDA here)
-    # (vLLM imports here: the add + RMSNorm is timed against vLLM's own GemmaRMSNorm too)
+    # (where vLLM imports, as with `make venv`, the add + RMSNorm is timed against vLLM's own GemmaRMSNorm too)
+    norm_paths = {"fused", "vllm"} if HAS_VLLM else {"fused"}
     for block, points in STEP_BLOCKS:
         here = [r for r in rows if r["block"] == block]
-        assert {r["path"] for r in here} == ({"staged"} if block == "attention_layer_decode" else {"fused", "vllm"}), here
+        assert {r["path"] for r in here} == ({"staged"} if block == "attention_layer_decode" else norm_paths), here
         assert all(r["status"] == "ok" for r in here), here
     for block, points in (("gdn_gated_norm", NORM_ROWS), ("moe_block", BLOCK_POINTS)):  # vLLM's own, checked
         own = [r for r in rows if r["block"] == block and r["path"] == "vllm"]
-        assert {r["key"] for r in own} == set(points) and all(r["status"] == "ok" for r in own), own
-    assert any("attention decode layer path triton" in n and "CUDA" in n for n in report["notes"]), report["notes"]
+        assert {r["key"] for r in own} == (set(points) if HAS_VLLM else set()), own
+        assert all(r["status"] == "ok" for r in own), own
+    assert any("attention decode layer path triton" in n and WHY_NO_TRITON in n for n in report["notes"]), \
+        report["notes"]
     assert {(r["key"], r["path"]) for r in rows if r["block"] == "gdn_conv"} == \
         {(1, "update"), (1, "prefill"), (64, "prefill")}, "update takes one token; triton needs CUDA here"
-    assert any("conv path triton" in n and "CUDA" in n for n in report["notes"]), report["notes"]
+    assert any("conv path triton" in n and WHY_NO_TRITON in n for n in report["notes"]), report["notes"]
     assert {r["path"] for r in rows if r["block"] == "moe_experts" and r["key"] == 16} >= {"sorted", "tiny_bmm"}
     assert all(r["graph"] is None and "no CUDA graphs" in r["graph_note"] for r in ok)
     assert any("fla_recurrent" in n and "CUDA" in n for n in report["notes"]), report["notes"]

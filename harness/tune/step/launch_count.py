@@ -19,13 +19,13 @@ from typing import Callable, Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from harness.serving.step_profile import NO_KERNEL
 from model.dispatch import triton_launch
 
 __all__ = ["LaunchCounter", "count_launches"]
 
 # Ops that move no data: allocations and metadata (views are recognised by OpOverload.is_view).
-_NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "detach",
-              "alias", "_reshape_alias", "set_", "resize_", "_unsafe_view", "view", "as_strided"}
+_NO_KERNEL = NO_KERNEL
 
 
 class LaunchCounter(TorchDispatchMode):

@@ -2,7 +2,10 @@
 
 vLLM's own layers are built in this process at the tiny model's dims (harness/serving/vllm_inprocess.py) with the
 plugin's substitutes registered and a table naming the GPU paths (`add_rms_norm` triton, `gdn_gated_norm` triton,
-`gdn_layer_decode` triton, `moe_block` triton_fused_block). Each substitute's call is counted by
+`gdn_layer_decode` triton, `moe_block` triton_fused_block), and each substitute's call is made as the served layer
+makes it: the GDN layer's path is its own choice (`_decode_path`, its fallbacks included) over the float32 recurrent
+state the served model keeps on every platform (Qwen3.5/3.6's `mamba_ssm_dtype`), so an AVX2-only CPU, whose vLLM
+keeps the tiny model's state in bf16, counts the same calls as an AVX-512 one. Each call is counted by
 harness/tune/step/launch_count.py: every ATen op that computes and every Triton launch. What stays vLLM's inside the
 served GDN call (projections, layout code, out_proj) is counted apart from the model's core, as it runs here: vLLM's
 CPU kernels, and its torch.compile'd layout helper (`prepare_gdn_attention_core_inputs`, which cannot be traced under
@@ -128,9 +131,13 @@ def _calls(cfg, layers, batch: int, served: bool) -> dict[str, int]:
     with set_forward_context(None, cfg):
         counts["moe_block"] = _count(lambda: moe(x))
     if served:  # vLLM's own GDN forward needs a running engine's metadata; the substitute's served call does not
-        path = served_gdn.DECODE.path(batch, 1, x.device, x.dtype)
-        assert path == "triton", f"the table serves {path!r}"
         meta = SimpleNamespace(num_decodes=batch, non_spec_state_indices_tensor=torch.arange(batch, dtype=torch.int32))
+        path = gdn._decode_path(meta, x)  # the served layer's own choice, its fallbacks included
+        if path is None:
+            state = gdn.kv_cache[1].dtype
+            raise SystemExit(f"served_launches: the served GDN layer leaves this decode step to vLLM's own (table "
+                             f"{served_gdn.DECODE.path(batch, 1, x.device, x.dtype)!r}, recurrent state {state}): "
+                             "nothing of the plugin's to count")
         counts["gdn_layer_decode"] = _count_gdn(gdn, x, meta, path)
     return counts
 
@@ -155,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
 
     served_patches = (served_norms.PATCH, served_gdn.PATCH, served_moe.PATCH)
     cfg = vllm_inprocess.eager_config(TinyRecipe.load().hf_config(eos_id=1, pad_id=0), torch.bfloat16)
+    # The GDN recurrent state as the served model keeps it on every platform: Qwen3.5/3.6's config says
+    # mamba_ssm_dtype float32, which vLLM applies (Qwen3_5ForConditionalGenerationConfig). The tiny Qwen3-Next config
+    # does not, and vLLM's CPU platform gives it float32 only where it has AVX-512 BF16: without this an AVX2 CPU
+    # would count vLLM's own layer (the fused kernel refuses a bf16 state), not the plugin's GPU path.
+    cfg.cache_config.mamba_ssm_cache_dtype = "float32"
     batches = [int(b) for b in a.batches.split(",")]
     result = {"dims": "the tiny model (fixtures/tiny_model/recipe.yaml), bf16", "paths": GPU_PATHS,
               "served (GPU paths, interpreter)": {}, "vLLM's own (its CPU kernels)": {}}
