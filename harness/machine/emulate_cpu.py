@@ -24,6 +24,8 @@ __all__ = ["EMULATE_ENV", "KINDS", "SITE_DIR", "emulation_env", "emulated_kind",
 EMULATE_ENV = "QWEN36_EMULATE_CPU"
 SITE_DIR = Path(__file__).resolve().parent / "emulated_site"
 KINDS = {"avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}}
+# How each emulated process's line begins (sitecustomize.py prints it): tests look for it in a server's log.
+LOG_LINE = "qwen36 cpu emulation: avx2 in pid"
 # Inductor's compiled kernels are cached per machine, keyed by what it reads of the CPU itself, not by the answers
 # the emulation changes: an emulated process that found a native process's kernels in the shared cache computed vLLM's
 # compiled GDN layout helper wrong (values unequal to eager, some not finite, 2026-12-07). So the emulated processes
@@ -36,8 +38,6 @@ def _inductor_cache(kind: str) -> str:
     import tempfile
 
     return str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}_emulated_{kind}")
-# The line each emulated process prints (sitecustomize.py): tests look for it in a server's log.
-LOG_LINE = "qwen36 cpu emulation: avx2 in pid"
 
 
 def emulation_env(kind: str, environ: dict[str, str] | None = None) -> dict[str, str]:

@@ -19,13 +19,11 @@ from typing import Callable, Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from harness.serving.step_profile import NO_KERNEL
+from harness.serving.step_profile import NO_KERNEL  # allocations and metadata; views by OpOverload.is_view
 from model.dispatch import triton_launch
 
 __all__ = ["LaunchCounter", "count_launches"]
 
-# Ops that move no data: allocations and metadata (views are recognised by OpOverload.is_view).
-_NO_KERNEL = NO_KERNEL
 
 
 class LaunchCounter(TorchDispatchMode):
@@ -39,7 +37,7 @@ class LaunchCounter(TorchDispatchMode):
         self._in_triton = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not self._in_triton and not func.is_view and func.overloadpacket.__name__ not in _NO_KERNEL:
+        if not self._in_triton and not func.is_view and func.overloadpacket.__name__ not in NO_KERNEL:
             self.counts[self._kinds[-1]] += 1
         return func(*args, **(kwargs or {}))
 
