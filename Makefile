@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 HYPOTHESIS_PROFILE ?= ci
 PYTEST_ARGS ?=
 
-.PHONY: machine venv test test-with-vllm test-without-vllm test-avx2 test-numerics bench presubmit clean
+.PHONY: machine venv test test-with-vllm test-without-vllm test-avx2 browser-note test-numerics bench presubmit clean
 
 # Re-install whenever pyproject.toml changes.
 # uv installs the same 171 packages as pip, faster; pip is the fallback when uv cannot be installed or fails.
@@ -20,8 +20,8 @@ UV_COMPILE_BYTECODE_TIMEOUT ?= 600
 PIP_FIND_LINKS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 # What `make venv` installs (harness/gates/reference.py's ENVIRONMENT_EXTRAS: the reference's server runs in it), and
 # where vLLM's CPU build cannot install, the same less `server`.
-EXTRAS := test,server
-EXTRAS_WITHOUT_VLLM := test
+EXTRAS := test,server,history
+EXTRAS_WITHOUT_VLLM := test,history
 # $(call install,EXTRAS): this checkout with those extras, through uv, else pip.
 install = ( $(PY) -m pip install --quiet uv && \
 	  UV_COMPILE_BYTECODE_TIMEOUT=$(UV_COMPILE_BYTECODE_TIMEOUT) $(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) $(addprefix --find-links ,$(PIP_FIND_LINKS)) -e '.[$(1)]' ) || \
@@ -55,6 +55,7 @@ test: machine venv
 	@if [ -f $(NO_VLLM) ]; then echo "make test: $(NO_VLLM) says \"$$(cat $(NO_VLLM))\": only what needs no vLLM runs"; \
 	  $(MAKE) --no-print-directory test-without-vllm; \
 	else $(MAKE) --no-print-directory test-with-vllm; fi
+	@$(MAKE) --no-print-directory browser-note
 
 # Tests that measure wall-clock time (client calibration, agreement with vLLM's client, perf gates) run
 # alone, after the parallel suite, so the other tests' load cannot skew them. Both runs share one embedded
@@ -87,6 +88,11 @@ test-avx2: venv
 # parallel run alone. tests/without_vllm.py ends it with one line: what did not run here, and where it runs.
 test-without-vllm: venv
 	$(PY) -m pytest -n auto --hypothesis-profile=$(HYPOTHESIS_PROFILE) -m "not server and not timing" --durations=$(DURATIONS) -p tests.without_vllm $(PYTEST_ARGS)
+
+# The history page's browser test (tests/history) needs a Chromium; without one it skipped, and this says why.
+browser-note:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	echo "make test: no Chromium here, so the history page's browser test skipped: install Debian's chromium package (apt-get install chromium)"
 
 # Only the CPU numerics: the quick loop on a laptop.
 test-numerics: machine venv

@@ -98,6 +98,10 @@ def _parser() -> argparse.ArgumentParser:
 
     add_tune_parser(sub)  # tune [moe|gdn|all]: per-device dispatch table and report (harness/tune)
 
+    from harness.history.cli import add_parser as add_history_parser
+
+    add_history_parser(sub)  # history add|backfill|publish|serve: every gated figure over commits (harness/history)
+
     # patch set and presubmit (harness/presubmit, patches/)
     pt = sub.add_parser("patches", help="the vLLM patch plugin")
     pt_sub = pt.add_subparsers(dest="patches_cmd", required=True)

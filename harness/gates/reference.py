@@ -38,11 +38,11 @@ from harness.serving.shared_server import ServerInfo
 MOVE_COMMAND = "qwen36 reference move"
 # pyproject.toml's fields that decide what the environment holds.
 _DEPENDENCY_FIELDS = ("requires-python", "dependencies", "optional-dependencies")
-# The extras `make venv` installs (the Makefile's `EXTRAS := test,server`), the environment the reference's server runs
+# The extras `make venv` installs (the Makefile's `EXTRAS := test,server,history`), the environment the reference's server runs
 # in: only these can make it unrunnable. An extra that environment never installs (`gpu`, `gpu-test`) changes
 # nothing there, so adding one needs no move of the reference. tests/unit/test_gate_reference_dependencies.py
 # holds this equal to the Makefile's.
-ENVIRONMENT_EXTRAS = ("test", "server")
+ENVIRONMENT_EXTRAS = ("test", "server", "history")
 _READY = re.compile(r"^ready: (http://\S+)", re.MULTILINE)
 
 

@@ -29,12 +29,17 @@ parallel run (harness.suite_session).
 """
 from __future__ import annotations
 
-
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from harness.bench.run import PRESETS
+from harness.history.commits import at_head_if_unknown
+from harness.history.sources import NoFigures, records_from_run
+from harness.history.store import HistoryStore
+from harness.paths import RUNS_DIR
 from harness.gates.confirm import ConfirmedVerdict, confirm
 from harness.gates.interleave import Arm, InterleavedRun, interleave
 from harness.gates.measure import STEADY_PREFIX_CACHE
@@ -66,7 +71,7 @@ class Measured:
 
 
 @pytest.fixture(scope="module")
-def measured(openai_server, twin_server, reference_or_why, tmp_path_factory) -> Measured:
+def measured(openai_server, twin_server, reference_or_why) -> Measured:
     twin = twin_server
     reference, _ = reference_or_why
     # In this order (reversed every other round): the twin's blocks next to both the session's and the reference's,
@@ -76,13 +81,35 @@ def measured(openai_server, twin_server, reference_or_why, tmp_path_factory) -> 
     arms = [Arm(SESSION, openai_server), Arm(TWIN, twin, lambda point: ""), Arm(SLOWED, twin, slowed)]
     if reference is not None:
         arms.insert(2, Arm(REFERENCE, reference))
-    out = tmp_path_factory.mktemp("paired")
+    out = ci_runs_dir()
     for arm in arms:  # the prefix caches' steady state; `make test` warmed them during the parallel run
         with exclusive(arm.server):
             warm(arm.server, STEADY_PREFIX_CACHE, out / "warm")
     run = interleave(arms, PRESETS[PRESET], PairedTolerances.load().pairs, out, "ci", show_progress=True)
     print(f"\ninterleaved run: {run.path} ({run.rounds} rounds, {run.end_reason})")
-    return Measured(run, {arm.label: arm for arm in arms})
+    yield Measured(run, {arm.label: arm for arm in arms})
+    keep_in_history(run.path)
+
+
+def ci_runs_dir() -> Path:
+    """Where the timing run leaves its interleaved run: runs/ci/ in the checkout (kept after the run, unlike pytest's
+    temporary folders), or $QWEN36_CI_RUNS."""
+    out = Path(os.environ.get("QWEN36_CI_RUNS") or RUNS_DIR / "ci")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def keep_in_history(run_path: Path) -> None:
+    """The run's figures (HEAD's fresh twin, on this machine's CPU kind) as history records beside it, in
+    <run>/history/records/ (docs/history.md): `qwen36 history add <run>` files the same into the repository's store.
+    Written after every verdict, passed or not: a history keeps the runs that failed too."""
+    try:
+        records = [at_head_if_unknown(r, "CI's timing run") for r in records_from_run(run_path)]
+    except NoFigures as exc:  # a run that measured nothing: its verdicts have failed already, and say why
+        print(f"\nhistory: nothing to record from {run_path}: {exc}")
+        return
+    written, _ = HistoryStore(run_path / "history" / "records").add(records)
+    print(f"\nhistory: {len(written)} record(s) of this run in {run_path / 'history' / 'records'}")
 
 
 def verdict(measured: Measured, a: str, b: str, name: str, log: list[str], note: str = "") -> PairedReport:
