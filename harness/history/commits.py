@@ -14,7 +14,7 @@ from pathlib import Path
 
 from harness.paths import REPO_ROOT
 
-__all__ = ["git", "head_commit", "commit_that_added", "commit_of", "added_commits", "file_versions", "show_file",
+__all__ = ["NOT_HEAD", "at_head_if_unknown", "git", "head_commit", "commit_that_added", "commit_of", "added_commits", "file_versions", "show_file",
            "GIT_TIMEOUT_S"]
 
 GIT_TIMEOUT_S = 20
@@ -92,13 +92,17 @@ def _relative(path: Path | str, repo: Path | str) -> str:
     return str(p)
 
 
+# A reader that knows a run's commit is not this checkout's (a reference server's arm) starts its commit_source so.
+NOT_HEAD = "not this checkout's:"
+
+
 def at_head_if_unknown(record, by: str):
     """`record` filed under HEAD where its run recorded no commit (tune's reports do not): such a run was made on
-    this checkout, as a rule just before `by` files it; the record says so. Unchanged where the commit is known or
-    git cannot tell HEAD."""
+    this checkout, as a rule just before `by` files it; the record says so. Unchanged where the commit is known,
+    where its reader knows it is another's (NOT_HEAD), or where git cannot tell HEAD."""
     import dataclasses
 
-    if record.commit is not None:
+    if record.commit is not None or record.commit_source.startswith(NOT_HEAD):
         return record
     head, dirty = head_commit()
     if head is None:

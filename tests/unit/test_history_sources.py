@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from harness.bench.metrics import RunSummary
 from harness.errors import HarnessError
@@ -21,7 +22,7 @@ from harness.gates.decision import Tolerance, decide
 from harness.gates.gate import GateReport, GateRow, write_report
 from harness.gates.paired import paired_gate, write_paired_report
 from harness.history.backfill import backfill_records
-from harness.history.commits import commit_of, commit_that_added, head_commit
+from harness.history.commits import at_head_if_unknown, commit_of, commit_that_added, head_commit, show_file
 from harness.history.machines import NOT_RECORDED, cpu_kind, gpu_kind, machine_from_kind_text
 from harness.history.sources import records_from_run
 from harness.history.sources.gpu_names import LAYER_ROWS, PATH_BLOCKS, RECORDED_BLOCKS
@@ -255,6 +256,16 @@ def test_qwen36_ab_records_b_and_the_reference_side_has_no_commit(tmp_path):
     assert record.machine.kind == "cpu: laptop"
     (reference,) = records_from_run(run / "A")  # an arm's folder names the side
     assert reference.commit is None and "reference" in reference.commit_source
+
+
+def test_cis_reference_arm_is_the_commit_reference_yaml_named_and_is_never_filed_under_head(tmp_path):
+    values = {"decode-micro@c2": [100.0, 100.0], "official-like@c1": [50.0, 60.0]}
+    run = _interleaved(tmp_path / "20261207-100000-ci", {"session": values, "twin": values, "reference": values})
+    (reference,) = records_from_run(run, side="reference")
+    named = yaml.safe_load(show_file(HEAD, "fixtures/gates/reference.yaml"))["commit"]
+    assert reference.commit == named and "reference.yaml" in reference.commit_source
+    (a_side,) = records_from_run(_interleaved(tmp_path / "ab", {"A": values, "B": values}) / "A")
+    assert a_side.commit is None and at_head_if_unknown(a_side, "a test") is a_side  # not HEAD's, and unknown
 
 
 # --- qwen36 bench, the live gate, a recorded profile --------------------------------------------------------------

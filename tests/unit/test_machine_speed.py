@@ -29,22 +29,36 @@ def test_the_probe_reports_its_name_rate_and_the_machine_cores_even_from_a_pinne
     assert set(speed.cores) == set(sorted(caller)[:CORES_PROBED])
 
 
-@pytest.mark.timing  # alone on the machine (make test's sequential run): it measures a core's share
-def test_a_core_shared_with_a_busy_process_probes_at_about_half_the_rate_and_says_it_was_busy():
-    core = min(os.sched_getaffinity(0))
-    alone = probe_on(core)
+def probe_beside_a_busy_process(core: int) -> MachineSpeed:
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"],
                            preexec_fn=lambda: os.sched_setaffinity(0, {core}))
     try:
-        shared = probe_on(core)
+        return probe_on(core)
     finally:
         hog.kill()
         hog.wait()
+
+
+@pytest.mark.timing  # alone on the machine (make test's sequential run): it measures a core's share
+def test_a_core_shared_with_a_busy_process_probes_at_about_half_the_rate_and_says_it_was_busy():
+    """Judged on the fastest probe of each condition, alone and shared taken in turns (up to three pairs, more only
+    while the first ones do not settle it): a VM's own disturbances (steal, frequency) only ever slow a probe, and
+    they came in bursts in CI's timing run (2026-12-07: one probe alone at 444 steps/s with a spread of 54%, the
+    same core idle at ~1,100), so a single pair could compare a disturbed `alone` with an undisturbed `shared`."""
+    core = min(os.sched_getaffinity(0))
+    alone, shared = [], []
+    for _ in range(3):
+        alone.append(probe_on(core))
+        shared.append(probe_beside_a_busy_process(core))
+        ratio = max(p.rate for p in shared) / max(p.rate for p in alone)
+        if 0.3 < ratio < 0.7:
+            break
     # the scheduler gives two busy processes on one core half each; 0.3-0.7 leaves room for the probe's spread
-    assert 0.3 < shared.rate / alone.rate < 0.7, (alone, shared)
-    # and the probe says it was not alone (the busy process took the other half of the core): the gate then
-    # does not rescale by it
-    assert not alone.busy and shared.busy and 0.35 < shared.other_busy_cores < 0.65, (alone, shared)
+    assert 0.3 < ratio < 0.7, (alone, shared)
+    # and every probe beside the busy process says it was not alone (the busy process took the other half of the
+    # core; the gate then does not rescale by it), and one taken alone says it was
+    assert all(p.busy and 0.35 < p.other_busy_cores < 0.65 for p in shared), shared
+    assert any(not p.busy for p in alone), alone
 
 
 def test_a_run_keeps_the_mean_of_the_probes_before_and_after():

@@ -13,9 +13,13 @@ machine.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+import yaml
+
 from harness.errors import HarnessError
+from harness.history.commits import NOT_HEAD, show_file
 from harness.history.machines import cpu_machine, machine_from_kind_text, server_machine
 from harness.history.record import Figure, Machine, Record
 from harness.history.sources.common import (
@@ -29,7 +33,8 @@ FILES = ("rounds.json",)
 WRITER = ("CI's paired gates (tests/perf_gates/test_gate_paired.py), `qwen36 ab` and `qwen36 calibrate` "
           "(harness/gates/interleave.py)")
 SESSION = "session"  # tests/perf_gates/test_gate_paired.py: the session's server, the reference side of A/A
-CALIBRATION_SLOWED = "B-slowed"  # harness/gates/evidence/calibrate.py SLOWED
+CALIBRATION_SLOWED = "B-slowed"
+REFERENCE_YAML = "fixtures/gates/reference.yaml"  # harness/paths.py REFERENCE_FILE, as a path at a commit  # harness/gates/evidence/calibrate.py SLOWED
 
 
 def find(path: Path) -> Path | None:
@@ -100,6 +105,18 @@ def _verdicts(run_dir: Path) -> list[str]:
     return lines
 
 
+def _reference_commit(side: str, harness_commit: str | None, repo: Path) -> tuple[str | None, str]:
+    """CI's `reference` arm is the server of the performance reference commit that the checkout's
+    fixtures/gates/reference.yaml named when the run was made; `qwen36 ab`'s A may be any server."""
+    if side == "reference" and harness_commit:
+        text = show_file(harness_commit, REFERENCE_YAML, repo)
+        named = (yaml.safe_load(text) or {}).get("commit") if text else None
+        if isinstance(named, str) and re.fullmatch(r"[0-9a-f]{40}", named):
+            return named, f"the performance reference that {REFERENCE_YAML} named at {harness_commit[:12]}"
+    return None, (f"{NOT_HEAD} arm {side!r} is the reference side (another commit's or another machine's "
+                  "server), whose commit the run does not name; --commit names it")
+
+
 def read(path: Path, given: Given, side: str | None = None) -> list[Record]:
     from harness.bench.metrics import REGISTRY
     from harness.gates.gate import load_run
@@ -139,8 +156,7 @@ def read(path: Path, given: Given, side: str | None = None) -> list[Record]:
     manifest = arm.manifest
     harness = manifest.get("harness") or {}
     if side in ("reference", "A"):  # the reference side: its manifest has the harness's commit, not the server's
-        found, how = None, (f"not recorded: arm {side!r} is the reference side (the performance reference commit's "
-                            "server, where the harness started it), whose commit the run does not name")
+        found, how = _reference_commit(side, harness.get("commit"), given.repo)
     else:
         found, how = harness.get("commit"), "run manifest (harness.commit of the arm's run directory)"
     commit, how = given.commit_and_how(found, how)
