@@ -25,10 +25,10 @@ def new_run_dir(root: Path, label: str) -> Path:
     return path
 
 
-def git_commit() -> dict:
+def git_commit(repo: Path = REPO_ROOT) -> dict:
     def git(*args: str) -> str | None:
         try:
-            return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+            return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
                                   timeout=10).stdout.strip() or None
         except (OSError, subprocess.TimeoutExpired):
             return None

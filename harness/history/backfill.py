@@ -116,7 +116,7 @@ def _reports(repo: Path, skipped: Skipped) -> list[Record]:
         for record in records:
             variant = _variant(record)
             if variant:
-                skipped.append((rel, variant or VARIANT_FLAGS["--inject-delay"]))
+                skipped.append((rel, variant))
                 continue
             if sha is None:
                 record = _with_note(record, f"{rel} is not committed: no commit known")

@@ -8,17 +8,17 @@ asked again each time, as a repository can move under a long process.
 from __future__ import annotations
 
 import functools
-import re
 import subprocess
 from pathlib import Path
 
+from harness.bench.artifacts import git_commit
+from harness.history.record import FULL_HASH
 from harness.paths import REPO_ROOT
 
 __all__ = ["NOT_HEAD", "at_head_if_unknown", "git", "head_commit", "commit_that_added", "commit_of", "added_commits", "file_versions", "show_file",
            "GIT_TIMEOUT_S"]
 
 GIT_TIMEOUT_S = 20
-_SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
 def git(repo: Path | str, *args: str) -> str | None:
@@ -37,25 +37,24 @@ def _immutable(repo: str, args: tuple[str, ...]) -> str | None:
 
 
 def head_commit(repo: Path | str = REPO_ROOT) -> tuple[str | None, bool]:
-    """(HEAD's full hash or None, whether the work tree has changes)."""
-    sha = commit_of("HEAD", repo)
-    status = git(repo, "status", "--porcelain") if sha else None
-    return sha, bool(status and status.strip())
+    """(HEAD's full hash or None, whether the work tree has changes): what a bench run's manifest records."""
+    found = git_commit(repo)
+    return found["commit"], found["dirty"] and found["commit"] is not None
 
 
 def commit_of(rev: str, repo: Path | str = REPO_ROOT) -> str | None:
     """`rev` (a hash, short or full, a branch, HEAD~2...) as a full hash, or None where git does not know it."""
     args = ("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
-    out = _immutable(str(repo), args) if _SHA.match(rev) else git(repo, *args)
+    out = _immutable(str(repo), args) if FULL_HASH.match(rev) else git(repo, *args)
     sha = (out or "").strip()
-    return sha if _SHA.match(sha) else None
+    return sha if FULL_HASH.match(sha) else None
 
 
 def commit_that_added(path: Path | str, repo: Path | str = REPO_ROOT) -> str | None:
     """The oldest commit that added `path` (repository-relative, or absolute inside `repo`), or None."""
     rel = _relative(path, repo)
     out = git(repo, "log", "--diff-filter=A", "--format=%H", "--", rel)
-    lines = [line for line in (out or "").split() if _SHA.match(line)]
+    lines = [line for line in (out or "").split() if FULL_HASH.match(line)]
     return lines[-1] if lines else None
 
 
@@ -74,12 +73,12 @@ def added_commits(under: str, repo: Path | str = REPO_ROOT) -> dict[str, str]:
 def file_versions(path: str, repo: Path | str = REPO_ROOT) -> list[str]:
     """The commits that changed `path`, oldest first (its versions in the history)."""
     out = git(repo, "log", "--format=%H", "--", path)
-    return [line for line in (out or "").split() if _SHA.match(line)][::-1]
+    return [line for line in (out or "").split() if FULL_HASH.match(line)][::-1]
 
 
 def show_file(sha: str, path: str, repo: Path | str = REPO_ROOT) -> str | None:
     """`path`'s text at commit `sha`, or None where it did not exist there."""
-    return _immutable(str(repo), ("show", f"{sha}:{path}")) if _SHA.match(sha) else git(repo, "show", f"{sha}:{path}")
+    return _immutable(str(repo), ("show", f"{sha}:{path}")) if FULL_HASH.match(sha) else git(repo, "show", f"{sha}:{path}")
 
 
 def _relative(path: Path | str, repo: Path | str) -> str:

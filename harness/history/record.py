@@ -15,6 +15,7 @@ SCHEMA = "qwen36-history/1"
 DIRECTIONS = ("lower", "higher")  # which way is better
 # A metric name is a dotted path of lowercase words, e.g. `cpu_gate.decode.output_tps_p10`: it becomes a file name
 # and an asv benchmark name, so nothing else.
+FULL_HASH = re.compile(r"^[0-9a-f]{40}$")  # a commit as records keep it
 METRIC_NAME = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_=-]+)+$")
 
 
@@ -68,7 +69,7 @@ class Record:
     def __post_init__(self) -> None:
         if not self.figures:
             raise RecordError(f"{self.source}: a record needs at least one figure")
-        if self.commit is not None and not re.fullmatch(r"[0-9a-f]{40}", self.commit):
+        if self.commit is not None and not FULL_HASH.match(self.commit):
             raise RecordError(f"{self.source}: commit {self.commit!r} is not a full 40-hex hash")
         if not re.match(r"^\d{4}-\d{2}-\d{2}", self.date):
             raise RecordError(f"{self.source}: date {self.date!r} must start YYYY-MM-DD")

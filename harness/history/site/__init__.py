@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.history.commits import git
 from harness.history.record import Record
 from harness.history.site.asv_results import BANDS, Placed, machine_slug, write_results
 from harness.history.site.catalog import Metric, metric_catalog
@@ -60,14 +60,11 @@ class PublishReport:
 
 
 def _git(repo: Path, *args: str) -> str:
-    try:
-        done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise HarnessError(f"git {' '.join(args)} in {repo}: {exc}") from exc
-    if done.returncode != 0:
-        raise HarnessError(f"git {' '.join(args)} in {repo} failed: {done.stderr.strip()}; the history page needs "
-                           "the repository whose commits the records name")
-    return done.stdout
+    out = git(repo, *args)
+    if out is None:
+        raise HarnessError(f"git {' '.join(args)} in {repo} failed; the history page needs the repository whose "
+                           "commits the records name")
+    return out
 
 
 def _place(records: list[Record], repo: Path, branch: str) -> tuple[list[Placed], list[str]]:

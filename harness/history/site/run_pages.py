@@ -37,7 +37,7 @@ def write_run_pages(html_dir: Path, records: list[Record], repo: Path) -> int:
                       "<ul>", f"<li>command: <code>{html.escape(r.command or 'not recorded')}</code></li>",
                       f"<li>source: {source}</li>",
                       f"<li>commit: {html.escape(r.commit_source)}</li>",
-                      *(f"<li>machine: {html.escape(r.machine.detail)}</li>" for _ in [0] if r.machine.detail),
+                      *([f"<li>machine: {html.escape(r.machine.detail)}</li>"] if r.machine.detail else []),
                       *(f"<li>{html.escape(n)}</li>" for n in r.notes), "</ul>",
                       "<table><tr><th>metric</th><th>value</th><th>low</th><th>high</th><th>unit</th>"
                       "<th>better</th><th>spread</th><th>threshold</th><th>gated</th></tr>"]

@@ -10,10 +10,8 @@ imported profile's hardware, as a server's (machines.server_machine, as the live
 """
 from __future__ import annotations
 
-import re
-
 from harness.history.machines import machine_from_kind_text, server_machine
-from harness.history.record import Figure, Record
+from harness.history.record import FULL_HASH, Figure, Record
 from harness.history.sources.common import (
     Given, NoFigures, build_record, centre, metric, min_max, point_segments, relative, run_date,
 )
@@ -22,7 +20,6 @@ __all__ = ["WRITER", "KIND", "claims", "from_payload"]
 
 WRITER = "`qwen36 baseline record` (harness/gates/baseline.py, fixtures/baselines/<profile>.yaml)"
 KIND = "baseline"
-_HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
 
 def claims(raw) -> bool:
@@ -66,7 +63,7 @@ def from_payload(raw: dict, given: Given, source: str) -> list[Record]:
     else:
         machine = machine_from_kind_text(str(identity.get("hardware", "")))
     found = str(recorded.get("commit") or "")
-    if _HEX40.match(found) and recorded.get("source") != "imported":
+    if FULL_HASH.match(found) and recorded.get("source") != "imported":
         how = f"recorded.commit of {source}"
     else:
         how = (f"not known: recorded.commit {found or 'absent'} ({recorded.get('source')}) is no full hash of this "

@@ -12,14 +12,13 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 from harness.history.commits import commit_of
-from harness.history.record import Figure, Machine, Record, RecordError
+from harness.history.record import FULL_HASH, Figure, Machine, Record, RecordError
 from harness.paths import REPO_ROOT
 
 __all__ = ["Given", "NoFigures", "segment", "metric", "point_segments", "min_max", "relative", "centre",
            "source_of", "load_json", "date_in_path", "run_date", "dirty_note",
            "build_record"]
 
-_HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _DATE = re.compile(r"(\d{4}-\d{2}-\d{2})")
 
 
@@ -42,11 +41,11 @@ class Given:
     def commit_and_how(self, found: str | None, how: str) -> tuple[str | None, str]:
         """The caller's commit where given (resolved by git), else what the run's files said (`found`, `how`)."""
         if self.commit is None:
-            if found and _HEX40.match(found):
+            if found and FULL_HASH.match(found):
                 return found, how
             return None, how if how.startswith("not ") else f"not known: {how} holds no full hash ({found!r})"
         sha = commit_of(self.commit, self.repo)
-        if sha is None and not _HEX40.match(self.commit):
+        if sha is None and not FULL_HASH.match(self.commit):
             raise HarnessError(f"commit {self.commit!r}: git does not know it in {self.repo}; give a full 40-hex hash "
                                "or a revision of that repository")
         return sha or self.commit, self.commit_source or f"given ({self.commit})"

@@ -13,7 +13,6 @@ machine.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import yaml
@@ -21,7 +20,7 @@ import yaml
 from harness.errors import HarnessError
 from harness.history.commits import NOT_HEAD, show_file
 from harness.history.machines import cpu_machine, machine_from_kind_text, server_machine
-from harness.history.record import Figure, Machine, Record
+from harness.history.record import FULL_HASH, Figure, Machine, Record
 from harness.history.sources.common import (
     Given, NoFigures, build_record, centre, dirty_note, metric, min_max, point_segments, relative, run_date,
     source_of,
@@ -111,7 +110,7 @@ def _reference_commit(side: str, harness_commit: str | None, repo: Path) -> tupl
     if side == "reference" and harness_commit:
         text = show_file(harness_commit, REFERENCE_YAML, repo)
         named = (yaml.safe_load(text) or {}).get("commit") if text else None
-        if isinstance(named, str) and re.fullmatch(r"[0-9a-f]{40}", named):
+        if isinstance(named, str) and FULL_HASH.match(named):
             return named, f"the performance reference that {REFERENCE_YAML} named at {harness_commit[:12]}"
     return None, (f"{NOT_HEAD} arm {side!r} is the reference side (another commit's or another machine's "
                   "server), whose commit the run does not name; --commit names it")
