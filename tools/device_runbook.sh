@@ -14,12 +14,19 @@
 #                T=1 decode config, the GDN decode layer's warps), then --check and --ab (ref: this tree) there
 #   gputests     pytest -m gpu (GPU_TESTS= names files; default all), reports under $R/gpu
 #   sweep        the config sweep of tests/unit/test_tune_config_sweep.py's GPU test, its report kept
+#   addrun       `--check --add-run` into $TABLE (first copied from fixtures/dispatch when .devrun has none), report
+#                kept under $R/addrun-<time>; the table copied to $R/table.json after it
+#   inject       `--check` with `--inject-delay $INJ` (default moe_block:triton_fused_block=1): a slowdown of known size
+#   launchmutant a copy of the tree whose served MoE block gains one launch (its output times 1.0, one elementwise
+#                kernel), then --check and --ab (ref: this tree) there
+#   abnull       --ab of this tree against an unchanged copy of it: what an A/B of identical code reports
 set -u -o pipefail
 R=${R:-/tmp/res}; mkdir -p "$R" .devrun
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
 export PYTHONPATH=/tmp/site:$PWD
-TABLE=${TABLE:-.devrun/table/$(python3 -c 'import torch; from model.dispatch.table import table_file_name as f; print(f(torch.cuda.get_device_name()))')}
+NAME=$(python3 -c 'import torch; from model.dispatch.table import table_file_name as f; print(f(torch.cuda.get_device_name()))')
+TABLE=${TABLE:-.devrun/table/$NAME}
 for stage in "$@"; do
   t0=$(date +%s)
   case $stage in
@@ -58,6 +65,29 @@ for stage in "$@"; do
     sweep)
       timeout ${TS:-560} python3 -m harness.tune moe --sweep-configs --no-progress --report-dir "$R/sweep" \
         --moe-tokens 1,64,512 --reps 5 --warmup 1 --compile-workers 4 2>&1 | tail -30 ;;
+    addrun)
+      [ -f "$TABLE" ] || { mkdir -p "$(dirname "$TABLE")"; cp "fixtures/dispatch/$NAME" "$TABLE"; }
+      timeout 300 python3 -m harness.tune --check --add-run --table "$TABLE" --no-progress \
+        --report-dir "$R/addrun-$(date +%H%M%S)" 2>&1 | tail -25
+      cp "$TABLE" "$R/table.json" ;;
+    inject)
+      timeout 300 python3 -m harness.tune --check --table "$TABLE" --no-progress --inject-delay "${INJ:-moe_block:triton_fused_block=1}" \
+        --report-dir "$R/inject" 2>&1 | tail -25 ;;
+    launchmutant)
+      rm -rf /tmp/mutant && mkdir -p /tmp/mutant && cp -r model harness fixtures tools pyproject.toml /tmp/mutant/
+      sed -i 's/return triton_block.moe_block_triton_fused(x, w)$/return triton_block.moe_block_triton_fused(x, w).mul(1.0)/' \
+        /tmp/mutant/model/moe/block_paths.py
+      (cd /tmp/mutant && diff -r "$OLDPWD/model" model; true) | tee "$R/mutant.diff"
+      table=$(realpath "$TABLE"); here=$PWD
+      (cd /tmp/mutant && PYTHONPATH=/tmp/site:/tmp/mutant timeout 300 python3 -m harness.tune --check --table "$table" \
+         --no-progress --report-dir "$R/mutant-check" 2>&1 | tail -30)
+      (cd /tmp/mutant && PYTHONPATH=/tmp/site:/tmp/mutant timeout 420 python3 -m harness.tune --ab "$here" --table "$table" \
+         --no-progress --report-dir "$R/mutant-ab" 2>&1 | grep -v "^pass\|^same launches" | tail -30) ;;
+    abnull)
+      rm -rf /tmp/same && mkdir -p /tmp/same && cp -r model harness fixtures tools pyproject.toml /tmp/same/
+      table=$(realpath "$TABLE")
+      timeout 420 python3 -m harness.tune --ab /tmp/same --table "$table" --no-progress --report-dir "$R/null-ab" 2>&1 \
+        | grep -v "^pass\|^same launches" | tail -30 ;;
     *) echo "unknown stage $stage" ;;
   esac
   rc=$?; echo "== stage $stage rc=$rc seconds=$(( $(date +%s) - t0 ))" | tee -a "$R/stages.txt"

@@ -1,4 +1,4 @@
-"""Kernel launches per decode step by block kind (harness/tune/step/launch_count.py: every ATen op that computes and
+"""Kernel launches per decode step by block kind (harness/tune/measure/launch_count.py: every ATen op that computes and
 every Triton launch), for the model's default paths and for a dispatch table that serves chosen paths, at the tiny
 dims with the real model's layer structure (40 layers: 30 GDN, 10 attention). On a CPU the Triton paths run
 through the interpreter, slowly (12 minutes for the default 40 layers and two batch sizes on a 2-core machine):
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from harness.tune.measure.inputs import rank_config, rank_weights
-from harness.tune.step.launch_count import count_launches
+from harness.tune.measure.launch_count import count_launches
 from harness.tune.step.run import TINY_MODEL
 from harness.tune.table.build import table_serving
 from model.dispatch.table import TABLE_ENV, clear_table_cache

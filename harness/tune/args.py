@@ -109,9 +109,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "reference checkout) interleaved with this checkout's, at the routine gate's points, and "
                         "fail where this checkout is slower beyond the tolerance in every sweep; for a box whose "
                         "clocks differ from the recording's")
-    g.add_argument("--inject-delay", action="append", metavar="PATH=US",
+    g.add_argument("--inject-delay", action="append", metavar="[BLOCK:]PATH=US",
                    help="test-only: make a registered path wait US microseconds before every call (GPU: a "
-                        "sleep kernel; CPU: a spin), to show what the gate catches; repeatable")
+                        "sleep kernel, so one more launch too; CPU: a spin), to show what the gate catches; "
+                        "BLOCK names the registry where the path's name is in several (moe_block:triton_fused_block, "
+                        "add_rms_norm:triton); repeatable")
     p.add_argument("--compile-workers", type=int, default=8,
                    help="--sweep-configs on a GPU: processes that compile the candidates in parallel first "
                         "(Triton's disk cache keeps them for the sweep); 0 or 1: each compiles as it is first timed")

@@ -6,6 +6,7 @@ import shlex
 import signal
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -23,11 +24,12 @@ from .blocks.moe import (
 )
 from .check.device_table import dispatching_by
 from .measure import dims as D
+from .measure.call_costs import call_costs, merged_costs
 from .measure.ceilings import ceilings_for
 from .measure.point import Settings
 from .measure.progress import Progress
 from .measure.prune import Pruner
-from .measure.timing import L2Flusher, device_identity, graphs_supported, warm_device
+from .measure.timing import L2Flusher, device_identity, graphs_supported, triton_version, warm_device
 from .step.point import STEP_GATE_BATCHES, StepPoints, step_model_config
 from .table.build import build_table, write_table
 from .table.record import new_timings, run_meta
@@ -91,7 +93,7 @@ def run(a) -> int:
     command = shlex.join(getattr(a, "invocation", None) or ["qwen36", *sys.argv[1:]])
     meta = {
         "device": name, "device_stem": stem, "date": today, "command": command, "torch": torch.__version__,
-        "triton": _triton_version(), "dtype": str(dtype).removeprefix("torch."), "dims": dims.as_dict(),
+        "triton": triton_version(), "dtype": str(dtype).removeprefix("torch."), "dims": dims.as_dict(),
         "ceilings": {"hbm_bytes_per_s": ceilings.hbm_bytes_per_s, "matrix_flops_per_s": ceilings.matrix_flops_per_s,
                      "source": ceilings.source},
         "timing": (f"median of {a.reps} samples (spread = IQR / median); before each sample a {a.flush_mb} MB buffer "
@@ -102,7 +104,7 @@ def run(a) -> int:
     recorded = {"date": today, "command": meta["command"], "torch": torch.__version__, "dims": dims.name,
                 "reps": a.reps, "warmup": a.warmup, "flush_mb": a.flush_mb, "sweeps": sweeps}
     meta["sweeps"] = sweeps
-    rows, notes = [], []
+    rows, notes, costs = [], [], []
     # GDN paths are all timed everywhere (the project's against fla's is the question); MoE sweeps prune.
     gdn_pruner, moe_pruner = Pruner(float("inf"), prefer_graph), Pruner(a.prune_factor, prefer_graph)
     config_pruners = defaultdict(lambda: Pruner(a.prune_factor, prefer_graph))  # one per Triton path
@@ -117,7 +119,7 @@ def run(a) -> int:
         if not a.no_table and not a.sweep_configs:
             timings = new_timings(merged, f"{meta['timing']}; each value one sweep's median",
                                   run_meta(0, today, command, sweeps, torch=torch.__version__, triton=meta["triton"],
-                                           **device_identity(device)))
+                                           call_costs=merged_costs(costs), **device_identity(device)))
             table = build_table(merged, name, meta["dtype"], prefer_graph, recorded, timings)
             path = write_table(table, table_dir / table_file_name(name))
             meta["table_path"] = str(path)
@@ -149,26 +151,32 @@ def run(a) -> int:
 
     verdicts = []
     passes = range(1, sweeps + 1)
+    def at(i: int) -> Settings:
+        """Sweep i's settings: the first counts each point's launches (exact, so once; outside later sweeps' times)."""
+        return replace(s, count_launches=i == 1)
+
     try:
         warm_device(device)
+        costs.append(call_costs(device, dtype, s.flusher, s.reps))
+        meta["call_costs"] = merged_costs(costs)
         if do_gdn:
             notes.extend(f"GDN path {n} unavailable: {why}" for n, why in unavailable_rule_paths(s).items())
             notes.append("recurrent_reference (the float64 definition) is the check, not a candidate")
             notes.extend(f"GDN {n} unavailable: {why}" for n, why in unavailable_stage_paths(s).items())
             for i in passes:
                 verdicts = phase(f"gdn rule sweep {i}/{sweeps}", lambda: sweep_gdn(
-                    dims.gdn, prefill, decode, s, ceilings, gdn_pruner, progress.tick, rows))
+                    dims.gdn, prefill, decode, at(i), ceilings, gdn_pruner, progress.tick, rows))
             for i in passes:
                 verdicts = phase(f"gdn conv and gated norm sweep {i}/{sweeps}", lambda: (
-                    sweep_gdn_conv(dims.gdn, conv_tokens, s, ceilings, progress.tick, rows),
-                    sweep_gated_norm(dims.gdn, norm_rows, s, ceilings, progress.tick, rows)))
+                    sweep_gdn_conv(dims.gdn, conv_tokens, at(i), ceilings, progress.tick, rows),
+                    sweep_gated_norm(dims.gdn, norm_rows, at(i), ceilings, progress.tick, rows)))
             if layer_points:
                 # The layer runs what this run's table serves (its ranges, token limits included), else defaults.
                 planned = parse_dispatch_table(build_table(merge_sweeps(rows), name, meta["dtype"], prefer_graph,
                                                            recorded), "this run's table")
                 for i in passes:
                     verdicts = phase(f"gdn layer {i}/{sweeps}", lambda: time_gdn_layer(
-                        dims.gdn, s, lambda b, t: _layer_rule(planned, b, t), progress.tick, layer_points, rows,
+                        dims.gdn, at(i), lambda b, t: _layer_rule(planned, b, t), progress.tick, layer_points, rows,
                         conv_for=lambda b, t: _planned(planned, "gdn_conv", t, select_conv_path(t)),
                         norm_for=lambda b, t: _planned(planned, "gdn_gated_norm", b * t, select_gated_norm_path(b * t))))
         if do_attention or do_norm:
@@ -176,11 +184,11 @@ def run(a) -> int:
         if do_attention:
             for i in passes:
                 verdicts = phase(f"attention decode layer sweep {i}/{sweeps}", lambda: sweep_attention_layer(
-                    dims.attention, decode, context, s, ceilings, progress.tick, rows))
+                    dims.attention, decode, context, at(i), ceilings, progress.tick, rows))
         if do_norm:
             for i in passes:
                 verdicts = phase(f"add + rms norm sweep {i}/{sweeps}", lambda: sweep_add_rms_norm(
-                    dims.attention.hidden_size, dims.attention.eps, norm_rows, s, ceilings, progress.tick, rows))
+                    dims.attention.hidden_size, dims.attention.eps, norm_rows, at(i), ceilings, progress.tick, rows))
         if a.sweep_configs:
             verdicts = phase("moe config sweep", lambda: config_sweep.sweep_configs(
                 dims.moe, moe_tokens, s, ceilings, config_pruners, progress.tick, rows, notes, a.compile_workers))
@@ -192,10 +200,10 @@ def run(a) -> int:
             w = moe_weights(dims.moe, dtype, device)
             for i in passes:
                 verdicts = phase(f"moe experts sweep {i}/{sweeps}", lambda: sweep_moe_experts(
-                    dims.moe, moe_tokens, s, ceilings, moe_pruner, progress.tick, w, rows))
+                    dims.moe, moe_tokens, at(i), ceilings, moe_pruner, progress.tick, w, rows))
             for i in passes:
                 verdicts = phase(f"moe block sweep {i}/{sweeps}", lambda: sweep_moe_block(
-                    dims.moe, block_tokens, s, ceilings, moe_pruner, progress.tick, w, rows))
+                    dims.moe, block_tokens, at(i), ceilings, moe_pruner, progress.tick, w, rows))
             for i in passes:  # the routers alone at the block's token counts; the dispatch table records none
                 verdicts = phase(f"moe router sweep {i}/{sweeps}", lambda: sweep_moe_router(
                     dims.moe, block_tokens, s, progress.tick, w, rows))
@@ -208,7 +216,7 @@ def run(a) -> int:
             with dispatching_by(meta["table_path"]):
                 for i in passes:
                     verdicts = phase(f"decode step sweep {i}/{sweeps}", lambda: step.sweep(
-                        STEP_GATE_BATCHES, progress.tick, rows))
+                        STEP_GATE_BATCHES, progress.tick, rows, at(i)))
             del step
     finally:
         progress.close()
@@ -254,12 +262,3 @@ def _layer_rule(table: DispatchTable, batch: int, tokens: int) -> str:
     """The rule path the table serves this layer call with, else the default."""
     block, key = ("gdn_decode", batch) if tokens == 1 else ("gdn_prefill", tokens)
     return _planned(table, block, key, select_rule_path(tokens, batch))
-
-
-def _triton_version() -> str | None:
-    try:
-        import triton
-
-        return triton.__version__
-    except ImportError:
-        return None

@@ -1,4 +1,4 @@
-"""Kernel launches of one static decode step by block kind (harness.tune.step.launch_count), with a dispatch table that
+"""Kernel launches of one static decode step by block kind (harness.tune.measure.launch_count), with a dispatch table that
 serves every block its few-launch path, on the CPU through Triton's interpreter; and the step's logits close to
 the same step on the default paths.
 
@@ -19,7 +19,7 @@ import json
 import torch
 
 from harness.tune.measure.inputs import rank_config, rank_weights
-from harness.tune.step.launch_count import count_launches
+from harness.tune.measure.launch_count import count_launches
 from harness.tune.step.run import TINY_MODEL
 from harness.tune.table.build import table_serving
 from model.dispatch.table import TABLE_ENV, clear_table_cache

@@ -57,9 +57,43 @@ def test_a_slowed_path_fails_the_check_and_is_named(recorded, tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 1
     assert f"SLOWER: gdn_decode B=1 {path} (eager): recorded {RECORDED_US:,.1f} us" in out
-    assert f"{path}: +{SLOW_US} us before every call (injected, test-only)" in out
+    assert f"gdn_rule:{path}: +{SLOW_US} us before every call (injected, test-only" in out
     report = json.loads((tmp_path / "report" / "check.json").read_text())
     assert not report["passed"] and any(f.startswith(f"SLOWER: gdn_decode B=1 {path}") for f in report["failures"])
+
+
+def test_a_block_that_gains_a_launch_fails_on_its_count_and_is_named(recorded, tmp_path, capsys):
+    """The launch count is exact: a table that recorded one launch fewer for the MoE block than the code makes
+    (as if the code had gained one) fails the check, naming the block, the point and both counts."""
+    table = json.loads(json.dumps(recorded))
+    (tmp_path / "table.json").write_text(json.dumps(table))
+    with dispatching_by(tmp_path / "table.json"):
+        plan = routine_plan(table, recorded_points(table["timings"]), torch.device("cpu"), torch.float32)
+    (served,) = [p["path"] for p in routine_points(plan) if p["block"] == "moe_block"]
+    (point,) = [p for p in table["timings"]["points"] if (p["block"], p["path"]) == ("moe_block", served)]
+    counted = point["runs"][-1]["launches"]["eager"]
+    assert counted["ops"] > 0, "a CPU counts ATen ops and Triton launches"
+    point["runs"][-1]["launches"]["eager"] = {"ops": counted["ops"] - 1}
+    code, _ = check(tmp_path, table)
+    out = capsys.readouterr().out
+    assert code == 1
+    assert (f"MORE LAUNCHES: moe_block T=1 {point['path']} (one call): ops {counted['ops'] - 1} -> {counted['ops']}"
+            in out)
+    report = json.loads((tmp_path / "report" / "check.json").read_text())
+    assert any(f.startswith("MORE LAUNCHES: moe_block T=1") for f in report["failures"])
+    same = [v for v in report["verdicts"] if v.get("status") == "same"]
+    assert same and all(not v["failed"] for v in same), "every other point's count is what was recorded"
+
+
+def test_the_record_holds_host_time_launches_call_costs_and_each_points_tolerance(recorded):
+    from harness.tune.check.rule import MODES, tolerance
+
+    (run,) = recorded["timings"]["runs"]
+    assert run["call_costs"]["aten_op_host_us"] > 0 and run["call_costs"]["timer_us"] >= 0
+    for point in recorded["timings"]["points"]:
+        (entry,) = point["runs"]
+        assert len(entry["host_us"]) == 3 and entry["launches"]["eager"]["ops"] > 0, point
+        assert point["tolerance"] == {m: round(tolerance(entry[f"{m}_us"], m), 4) for m in MODES if entry[f"{m}_us"]}
 
 
 def test_the_check_times_exactly_the_routine_points_the_ab_compares(recorded, tmp_path):
@@ -159,7 +193,7 @@ def test_fewer_than_three_sweeps_are_refused(recorded, tmp_path, capsys):
 
 def test_an_unknown_injected_path_is_refused(recorded, tmp_path, capsys):
     code, _ = check(tmp_path, recorded, "--inject-delay", "no_such_path=5")
-    assert code == 2 and "give PATH=MICROSECONDS" in capsys.readouterr().err
+    assert code == 2 and "give [BLOCK:]PATH=MICROSECONDS" in capsys.readouterr().err
 
 
 
@@ -168,7 +202,7 @@ def test_an_injected_delay_is_gone_once_the_check_ends():
     from model.gdn import GDN_RULE_PATHS
 
     before = GDN_RULE_PATHS["decode_step"]
-    with pytest.raises(RuntimeError), injected_delays({"decode_step": 1.0}) as done:
+    with pytest.raises(RuntimeError), injected_delays({("gdn_rule", "decode_step"): 1.0}) as done:
         assert GDN_RULE_PATHS["decode_step"] is not before and done
         raise RuntimeError("a check that dies half way")
     assert GDN_RULE_PATHS["decode_step"] is before

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from harness.tune.check.plan import plan_check, ranking_block
-from harness.tune.check.rule import FLOORS, MIN_SWEEPS, judge_point, judge_stale, tolerance
+from harness.tune.check.rule import (
+    FLOORS, MIN_SWEEPS, judge_launches, judge_point, judge_stale, spread, tolerance,
+)
 from harness.tune.measure.point import Measurement
 from harness.tune.measure.timing import Timing
 from harness.tune.table.record import append_run, keep_blocks, new_timings, recorded_points
@@ -31,13 +33,14 @@ def test_times_within_the_recorded_spread_pass():
 
 
 def test_a_point_slower_in_every_sweep_fails_and_names_path_point_and_times():
-    v = judge_point("moe_experts", 4, "triton_decode", "graph", RECORDED, [120.0, 118.0, 121.0])
+    v = judge_point("moe_experts", 4, "triton_decode", "graph", RECORDED, [121.0, 120.0, 122.0])
     assert v.status == "slower" and v.failed
     line = v.line()
     assert line.startswith("SLOWER: moe_experts T=4 triton_decode (graph)")
-    assert "recorded 100.5 us" in line and "measured 120.0 us" in line and "120.0, 118.0, 121.0" in line
-    # The limit is the slowest recorded value plus the floor, stated against the recorded median.
-    assert v.tolerance == pytest.approx(104.0 * (1 + FLOORS["graph"]) / 100.5 - 1)
+    assert "recorded 100.5 us" in line and "measured 121.0 us" in line and "121.0, 120.0, 122.0" in line
+    # The line is the slowest recorded value plus the floor (this point's spread, 6%, is under graph's 14%).
+    assert v.tolerance == pytest.approx(FLOORS["graph"]) and v.line_us == pytest.approx(104.0 * (1 + FLOORS["graph"]))
+    assert "+ 14.0% (floor)" in line
 
 
 def test_one_noisy_sweep_cannot_fail_a_point():
@@ -45,19 +48,77 @@ def test_one_noisy_sweep_cannot_fail_a_point():
     assert v.status == "pass"
 
 
-def test_the_limit_is_the_recorded_envelope_not_a_doubled_spread():
-    # Two machines 40% apart: the limit sits 10% above the slower one, wherever the median falls.
+def test_a_steady_point_is_held_to_the_floor_and_a_noisy_one_to_its_own_spread():
+    steady = [2295.0, 2296.0, 2294.5, 2295.5, 2297.0, 2296.2]  # the H100 step's replay: 0.1% apart
+    assert tolerance(steady, "gpu") == pytest.approx(FLOORS["gpu"])
+    # A deterministic 4% slowdown of a steady point fails; the old fixed 10% floor let 8.6% through.
+    assert judge_point("decode_step", 1, "served", "gpu", steady, [v * 1.04 for v in steady[:3]]).status == "slower"
+    assert judge_point("decode_step", 1, "served", "gpu", steady, [v * 1.02 for v in steady[:3]]).status == "pass"
+    # Two machines 40% apart: the point's own spread is its tolerance, on the slower machine's values.
     two_machines = [10.0, 10.2, 10.1, 14.0, 14.1, 14.2]
-    assert tolerance(two_machines, "graph") == pytest.approx(14.2 * 1.1 / 12.1 - 1)
-    assert judge_point("b", 1, "p", "graph", two_machines, [15.8, 15.7, 15.9]).status == "slower"
-    assert judge_point("b", 1, "p", "graph", two_machines, [15.0, 15.4, 15.6]).status == "pass"
+    assert tolerance(two_machines, "gpu") == pytest.approx(spread(two_machines)) == pytest.approx(0.42)
+    assert judge_point("b", 1, "p", "gpu", two_machines, [20.3, 20.4, 20.5]).status == "slower"
+    assert judge_point("b", 1, "p", "gpu", two_machines, [19.5, 20.3, 20.5]).status == "pass"
 
 
-def test_eager_has_the_wider_floor():
+def test_each_mode_has_its_floor_from_what_moves_between_machines():
     steady = [100.0, 100.0, 100.0]
-    assert tolerance(steady, "graph") == pytest.approx(0.10) and tolerance(steady, "eager") == pytest.approx(0.15)
-    assert judge_point("b", 1, "p", "graph", steady, [112.0] * 3).status == "slower"
-    assert judge_point("b", 1, "p", "eager", steady, [112.0] * 3).status == "pass"
+    assert {m: tolerance(steady, m) for m in FLOORS} == FLOORS
+    assert FLOORS["gpu"] < FLOORS["eager"] < FLOORS["graph"]  # the launch moved most between the H100s
+    assert judge_point("b", 1, "p", "gpu", steady, [104.0] * 3).status == "slower"
+    assert judge_point("b", 1, "p", "eager", steady, [111.0] * 3).status == "pass"
+    assert judge_point("b", 1, "p", "eager", steady, [113.0] * 3).status == "slower"
+
+
+def test_the_spread_is_max_over_min():
+    assert spread([100.0]) == 0.0 and spread([]) == 0.0 and spread([90.0, 100.0, 99.0]) == pytest.approx(10 / 90)
+
+
+# --- launches, exact ------------------------------------------------------------------------------------------
+
+def test_the_same_launches_pass():
+    v = judge_launches("moe_block", 1, "triton_fused_block", "eager", {"kernels": 4, "memcpy": 0}, {"kernels": 4,
+                                                                                                    "memcpy": 0})
+    assert v.status == "same" and not v.failed
+
+
+def test_one_launch_more_fails_naming_the_block_point_and_count():
+    v = judge_launches("moe_block", 1, "triton_fused_block", "eager", {"kernels": 4, "memcpy": 0, "memset": 0},
+                       {"kernels": 5, "memcpy": 0, "memset": 0})
+    assert v.status == "more" and v.failed
+    assert v.line() == ("MORE LAUNCHES: moe_block T=1 triton_fused_block (one call): kernels 4 -> 5 "
+                        "(recorded 4 kernels, 0 memcpy, 0 memset)")
+    step = judge_launches("decode_step", 1, "served", "graph", {"kernels": 873}, {"kernels": 913})
+    assert step.failed and "decode_step B=1 served (one replay): kernels 873 -> 913" in step.line()
+
+
+def test_fewer_launches_pass_and_a_trade_between_kinds_fails():
+    fewer = judge_launches("add_rms_norm", 1, "triton", "eager", {"kernels": 3}, {"kernels": 1})
+    assert fewer.status == "fewer" and not fewer.failed
+    traded = judge_launches("b", 1, "p", "eager", {"kernels": 3, "memcpy": 1}, {"kernels": 2, "memcpy": 2})
+    assert traded.status == "changed" and traded.failed and "LAUNCHES CHANGED" in traded.line()
+
+
+def test_a_count_without_a_record_is_unrecorded_not_failed():
+    v = judge_launches("b", 1, "p", "graph", None, {"kernels": 7})
+    assert v.status == "unrecorded" and not v.failed and "none recorded" in v.line()
+
+
+def test_a_record_keeps_each_runs_launches_and_the_latest_counts():
+    first = row("moe_block", 1, "triton_fused_block", 100.0, 20.0, eager_sweeps_us=[100.0] * 3,
+                graph_sweeps_us=[20.0] * 3, gpu_sweeps_us=[14.0] * 3)
+    first.launches, first.graph_launches = {"kernels": 4}, {"kernels": 4}
+    timings = new_timings([first], "m", {"id": 0})
+    again = row("moe_block", 1, "triton_fused_block", 100.0, 20.0, eager_sweeps_us=[101.0] * 3,
+                graph_sweeps_us=[20.5] * 3, gpu_sweeps_us=[14.7] * 3)
+    again.launches, again.graph_launches = {"kernels": 5}, {"kernels": 5}
+    timings = append_run(timings, [again], {"id": 1})
+    (point,) = recorded_points(timings).values()
+    assert point.launches == {"eager": {"kernels": 5}, "graph": {"kernels": 5}}
+    assert point.values("gpu") == [14.0] * 3 + [14.7] * 3
+    (raw,) = timings["points"]
+    assert raw["tolerance"] == {"eager": pytest.approx(FLOORS["eager"]), "graph": pytest.approx(FLOORS["graph"]),
+                                "gpu": pytest.approx(0.05)}  # 14.7 / 14.0 - 1: its own spread
 
 
 def test_faster_in_every_sweep_is_reported_not_failed():

@@ -20,7 +20,8 @@ from harness.tune.measure.timing import L2Flusher, Timing
 from harness.tune.step import graph as step_graph
 from harness.tune.step.graph import CHECK_STEPS, GraphResult, measure_static_step
 from harness.tune.step.report import format_step_table, write_step_report
-from harness.tune.step.run import QWEN36_35B_A3B, TINY_MODEL, BlockClock, StepRow, count_device_work
+from harness.tune.measure.launch_count import count_device_work
+from harness.tune.step.run import QWEN36_35B_A3B, TINY_MODEL, BlockClock, StepRow
 from model.attention.layer import gated_attention
 from model.gdn import gdn_layer
 from model.moe import moe_block

@@ -223,7 +223,7 @@ def _interleave(workers: dict[str, WorkerProcess], points: list[dict], o: ABOpti
             for i, point in enumerate(points):
                 for side in order:
                     progress.tick(f"sweep {sweep + 1}/{o.sweeps} {side}: {_label(point)}")
-                    answer = workers[side].ask({"op": "measure", "point": point},
+                    answer = workers[side].ask({"op": "measure", "point": point, "count_launches": sweep == 0},
                                                f"timing {_label(point)} (sweep {sweep + 1})")
                     results[side][i].append(answer["rows"][0])
     finally:
@@ -235,9 +235,15 @@ def _side(rows: list[dict]) -> SideSweeps:
         return SideSweeps("missing", "not measured: the run stopped first")
     worst = min(rows, key=lambda r: _STATUS_ORDER.index(r["status"]) if r["status"] in _STATUS_ORDER else 0)
     ok = [r["status"] == "ok" for r in rows]
-    return SideSweeps(worst["status"], worst["detail"], [r["eager_us"] if good else None for r, good in zip(rows, ok)],
-                      [r["graph_us"] if good else None for r, good in zip(rows, ok)],
-                      next((r["graph_note"] for r in rows if r["graph_us"] is None and r["graph_note"]), ""))
+    def sweeps(key: str) -> list[float | None]:
+        return [r.get(key) if good else None for r, good in zip(rows, ok)]
+
+    def counted(key: str) -> dict | None:
+        return next((r[key] for r in rows if r.get(key)), None)
+
+    return SideSweeps(worst["status"], worst["detail"], sweeps("eager_us"), sweeps("graph_us"),
+                      next((r["graph_note"] for r in rows if r["graph_us"] is None and r["graph_note"]), ""),
+                      sweeps("gpu_us"), counted("launches"), counted("graph_launches"))
 
 
 def _served(point: dict, rows: list[dict]) -> str:
@@ -289,7 +295,8 @@ def _write_report(directory: Path, setup: _Setup, o: ABOptions, roots: dict, wor
     md = ["# `qwen36 tune --ab`", "", f"- command: `{o.command}`", f"- table: `{setup.table}`",
           *[f"- {side}: `{s['root']}` (model: `{s['model_file']}`)" for side, s in sides.items()],
           f"- machine: {', '.join(f'{k} {v}' for k, v in identity.items())}",
-          f"- {o.sweeps} sweeps of {o.reps} reps, the first side alternating; tolerance per mode: the gate's floor",
+          f"- {o.sweeps} sweeps of {o.reps} reps, the first side alternating; tolerance per point and mode: the "
+          f"floor, or the larger spread of either side's sweeps (harness/tune/ab/rule.py); launches exact",
           f"- {summary}", ""]
     md += verdict_sections(failures, notes, [v.line() for v in verdicts])
     (directory / "ab.md").write_text("\n".join(md))

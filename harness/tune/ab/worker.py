@@ -13,8 +13,10 @@ worker checks that every module of either package it loaded lies under its root 
 Protocol: the worker writes one JSON line when ready, {"ready": true, "model_file", "harness_file", "pid", ...},
 or {"fatal": "model" | "incompatible", "message"} and exits 2. Then, per request line:
     {"op": "warm"}                          -> {"ok": true}       (warm_device)
-    {"op": "measure", "point": {"block", "key", "path"}}
-                                            -> {"rows": [...]}    (one sweep of that point: Measurement rows)
+    {"op": "measure", "point": {"block", "key", "path"}, "count_launches": bool}
+                                            -> {"rows": [...]}    (one sweep of that point: Measurement rows,
+                                                                   with one call's and one replay's launches
+                                                                   where asked)
     {"op": "quit"} or end of input          -> exits 0
 Point blocks: moe_experts, gdn_prefill, gdn_decode, gdn_conv, gdn_gated_norm, attention_layer_decode,
 add_rms_norm (the table's path there), moe_block (path: a fused block path, or a routed-expert path for the
@@ -35,6 +37,7 @@ import signal
 import subprocess
 import sys
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -119,8 +122,8 @@ def _point_timer(a) -> Callable[[dict], list[dict]]:
 
     device, dtype = torch.device(a.device), getattr(torch, a.dtype)
     dims = D.recorded_dims(a.dims, a.hf_config, a.tp)  # the coordinator refused a name it does not know
-    s = Settings(device, dtype, a.reps, a.warmup, graphs_supported(device) and not a.no_graph,
-                 L2Flusher(device, a.flush_mb * 2**20))
+    base = Settings(device, dtype, a.reps, a.warmup, graphs_supported(device) and not a.no_graph,
+                    L2Flusher(device, a.flush_mb * 2**20))
     ceilings = ceilings_for(a.device_stem, None, None)
     weights = []  # the MoE weights, made once (as a recording makes them once per run)
     whole_step = []  # the whole model for decode_step points, built once
@@ -140,8 +143,9 @@ def _point_timer(a) -> Callable[[dict], list[dict]]:
             return f"{path} cannot run {n} on {device} in {dtype}: {registry[path].unavailable_reason(device, dtype)}"
         return None
 
-    def time_point(point: dict) -> list[dict]:
+    def time_point(point: dict, count_launches: bool = False) -> list[dict]:
         block, key, path = point["block"], int(point["key"]), point.get("path")
+        s = replace(base, count_launches=count_launches)  # one sweep counts each point's launches
         rows = []
         never = Pruner(float("inf"), True)  # each point is asked for on purpose: none is dropped after another
         if block in ("moe_experts", "moe_block"):
@@ -189,7 +193,7 @@ def _point_timer(a) -> Callable[[dict], list[dict]]:
                     whole_step.append(StepPoints(step_model_config(a.dims, a.hf_config, a.tp), s))
                 except (ImportError, AttributeError, TypeError, ValueError) as exc:
                     return [_missing(block, key, path, f"this side's model cannot build the whole step: {exc}")]
-            whole_step[0].sweep([key], quiet, rows)
+            whole_step[0].sweep([key], quiet, rows, s)
         elif block in LAYER_BLOCKS:
             batch, tokens = (key, 1) if block == "gdn_layer_decode" else (1, key)
             if path != "layer":  # a fused decode-layer path, which a reference may not have
@@ -210,13 +214,15 @@ def _row(m) -> dict:
     """What the coordinator needs of a Measurement: status, medians, errors against the float64 reference."""
     return {"block": m.block, "key": m.key, "path": m.path, "status": m.status, "detail": m.detail,
             "eager_us": m.eager.median_us if m.eager else None, "graph_us": m.graph.median_us if m.graph else None,
+            "gpu_us": m.gpu.median_us if m.gpu else None, "host_us": m.host_us, "launches": m.launches,
+            "graph_launches": m.graph_launches,
             "graph_note": m.graph_note, "err_eager": m.err_eager, "err_graph": m.err_graph, "bound": m.bound,
             "rule": m.extra.get("rule")}
 
 
 def _missing(block: str, key: int, path: str, why: str) -> dict:
     return {"block": block, "key": key, "path": path, "status": "missing", "detail": why, "eager_us": None,
-            "graph_us": None, "graph_note": "", "err_eager": None, "err_graph": None, "bound": None, "rule": None}
+            "graph_us": None, "gpu_us": None, "host_us": None, "launches": None, "graph_launches": None, "graph_note": "", "err_eager": None, "err_graph": None, "bound": None, "rule": None}
 
 
 def _set_table(table: str) -> bool:
@@ -298,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         elif op == "measure":
             point = request["point"]
             try:
-                rows = time_point(point)
+                rows = time_point(point, bool(request.get("count_launches")))
             except Exception as exc:  # a failure outside measure()'s own (a reference, the inputs): this point's
                 traceback.print_exc()
                 rows = [dict(_missing(point["block"], point["key"], point.get("path") or "", ""), status="error",

@@ -52,9 +52,11 @@ def report_rows(report: dict) -> list[Measurement]:
     one, each verdict's sweeps (the same numbers; the MoE block where it served another path than recorded is
     left out)."""
     if "measured" in report:
-        return [Measurement(m["block"], m["key"], m["path"], "ok", extra={
-            "eager_sweeps_us": m["eager_us"], "graph_sweeps_us": m["graph_us"], **({"rule": m["rule"]} if
-                                                                                  m.get("rule") else {})})
+        return [Measurement(m["block"], m["key"], m["path"], "ok", launches=m.get("launches"),
+                            graph_launches=m.get("graph_launches"), extra={
+                                **{f"{mode}_sweeps_us": m.get(f"{mode}_us", []) for mode in ("eager", "graph", "gpu",
+                                                                                              "host")},
+                                **({"rule": m["rule"]} if m.get("rule") else {})})
                 for m in report["measured"]]
     rows: dict[tuple, Measurement] = {}
     for v in report.get("verdicts", []):
@@ -86,5 +88,6 @@ def add_reported_run(report_path: Path, table: Path | None) -> int:
         return 2
     date = report.get("date") or dt.datetime.fromtimestamp(Path(report_path).stat().st_mtime, dt.timezone.utc) \
         .date().isoformat()
-    meta = run_meta(0, date, report["command"], report["sweeps"], added_from=str(report_path), **machine)
+    meta = run_meta(0, date, report["command"], report["sweeps"], added_from=str(report_path),
+                    **({"call_costs": report["call_costs"]} if report.get("call_costs") else {}), **machine)
     return add_run(path, report_rows(report), meta, report.get("failures", []))

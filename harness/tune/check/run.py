@@ -11,6 +11,7 @@ import json
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -24,15 +25,16 @@ from ..blocks.gdn_layer import time_gdn_layer
 from ..blocks.gdn_stages import sweep_gated_norm, sweep_gdn_conv
 from ..blocks.moe import sweep_moe_block, sweep_moe_experts
 from ..measure import dims as D
+from ..measure.call_costs import call_costs, merged_costs
 from ..measure.ceilings import ceilings_for
 from ..measure.point import Measurement, Settings
 from ..measure.progress import Progress
 from ..measure.prune import Pruner
-from ..measure.timing import L2Flusher, device_identity, warm_device
+from ..measure.timing import L2Flusher, device_identity, triton_version, warm_device
 from ..step.point import StepPoints, step_model_config
 from ..table.block_rows import COMPOSED, STAGED, block_choice, fused_layer_paths
 from ..table.record import RecordedPoint, run_meta
-from ..table.report import verdict_sections
+from ..table.report import cost_section, verdict_sections
 from ..table.sweeps import merge_sweeps
 from .add_run import add_run
 from .device_table import RECORD_COMMAND, TableRefused, dispatching_by, open_device_table
@@ -40,7 +42,9 @@ from .inject import InjectError, injected_delays, parse_injections
 from .plan import (
     PATH_BLOCKS, STAGE_DEFAULTS, CheckPlan, layer_paths_to_time, plan_check, ranking_block, routine_plan,
 )
-from .rule import FLOORS, MIN_SWEEPS, PointVerdict, StaleVerdict, judge_point, judge_stale
+from .rule import (
+    MIN_SWEEPS, STALE_MARGINS, LaunchVerdict, PointVerdict, StaleVerdict, judge_launches, judge_point, judge_stale,
+)
 
 __all__ = ["run_check"]
 
@@ -84,9 +88,10 @@ def run_check(a) -> int:
         plan = plan_check(raw, recorded, full) if full else routine_plan(raw, recorded, device, dtype)
         began = time.monotonic()
         with injected_delays(delays) as injected:
-            rows = _measure(plan, dims, s, a, ceilings_for(t.stem, None, None))
+            rows, costs = _measure(plan, dims, s, a, ceilings_for(t.stem, None, None))
         merged = merge_sweeps(rows)
         verdicts, failures, notes = _judge(plan, merged, recorded, raw, device, dtype, full, s.graphs)
+        cost = merged_costs(costs)
         took = time.monotonic() - began
         report_dir = a.report_dir or Path("runs") / "tune" / (
             f"{t.stem}-{'stale' if full else 'check'}-"
@@ -94,57 +99,66 @@ def run_check(a) -> int:
         command = shlex.join(getattr(a, "invocation", None) or ["qwen36", *sys.argv[1:]])
         identity = device_identity(device)
         summary = _write_report(Path(report_dir), command, path, identity, verdicts, failures, notes + injected,
-                                took, a, merged, injected)
+                                took, a, merged, injected, cost)
         for line in summary:
             print(line)
         if a.add_run:
             today = dt.datetime.now(dt.timezone.utc).date().isoformat()
             return add_run(Path(path), merged, run_meta(0, today, command, a.sweeps, torch=torch.__version__,
-                                                        **identity), failures)
+                                                        triton=triton_version(), call_costs=cost, **identity),
+                           failures)
         if failures:
             print(f"FAILED: {len(failures)} problem(s); report {report_dir}/check.md", file=sys.stderr)
             return 1
         return 0
 
 
-def _measure(plan: CheckPlan, dims: D.TuneDims, s: Settings, a, ceilings) -> list[Measurement]:
+def _measure(plan: CheckPlan, dims: D.TuneDims, s: Settings, a, ceilings) -> tuple[list[Measurement], list[dict]]:
+    """Every sweep's rows, and each sweep's call costs (measure/call_costs.py). The first sweep also counts each
+    point's launches (exact: once is enough, and the profiler stays out of the other sweeps' times)."""
     rows: list[Measurement] = []
+    costs: list[dict] = []
     progress = Progress(a.sweeps * plan.points(), enabled=not a.no_progress)
-    never = Pruner(float("inf"), True)
-    gdn_paths_at = lambda block, key: getattr(plan, block).get(key)  # noqa: E731  (the (block, key) sweeps' filter)
     step = StepPoints(step_model_config(dims.name, a.hf_config, a.tp), s) if plan.step_batches else None
     try:
         warm_device(s.device)
-        for _ in range(a.sweeps):  # whole passes: a point's sweeps are minutes apart, not back to back
-            if plan.gdn_prefill or plan.gdn_decode:
-                sweep_gdn(dims.gdn, sorted(plan.gdn_prefill), sorted(plan.gdn_decode), s, ceilings, never,
-                          progress.tick, rows, paths_at=gdn_paths_at)
-            if plan.gdn_conv:
-                sweep_gdn_conv(dims.gdn, sorted(plan.gdn_conv), s, ceilings, progress.tick, rows, gdn_paths_at)
-            if plan.gdn_gated_norm:
-                sweep_gated_norm(dims.gdn, sorted(plan.gdn_gated_norm), s, ceilings, progress.tick, rows,
-                                 gdn_paths_at)
-            if plan.attention_layer_decode:
-                sweep_attention_layer(dims.attention, sorted(plan.attention_layer_decode), D.attention_context(dims),
-                                      s, ceilings, progress.tick, rows, gdn_paths_at)
-            if plan.add_rms_norm:
-                sweep_add_rms_norm(dims.attention.hidden_size, dims.attention.eps, sorted(plan.add_rms_norm), s,
-                                   ceilings, progress.tick, rows, gdn_paths_at)
-            if plan.layer_points:
-                time_gdn_layer(dims.gdn, s, lambda b, t: select_rule_path(t, b, s.device, s.dtype), progress.tick,
-                               plan.layer_points, rows,
-                               stages=layer_paths_to_time(plan, fused_layer_paths(), bool(a.check_stale)))
-            if plan.moe_experts:
-                sweep_moe_experts(dims.moe, sorted(plan.moe_experts), s, ceilings, never, progress.tick, None,
-                                  rows, paths_at=plan.paths_at("moe_experts"))
-            if plan.moe_block:
-                sweep_moe_block(dims.moe, sorted(plan.moe_block), s, ceilings, never, progress.tick, None, rows,
-                                paths_at=plan.paths_at("moe_block"))
-            if step is not None:
-                step.sweep(plan.step_batches, progress.tick, rows)
+        for sweep in range(a.sweeps):  # whole passes: a point's sweeps are minutes apart, not back to back
+            swept = replace(s, count_launches=sweep == 0)
+            costs.append(call_costs(s.device, s.dtype, s.flusher, s.reps))
+            _sweep(plan, dims, swept, a, ceilings, progress.tick, rows, step)
     finally:
         progress.close()
-    return rows
+    return rows, costs
+
+
+def _sweep(plan: CheckPlan, dims: D.TuneDims, s: Settings, a, ceilings, tick, rows: list[Measurement],
+           step: StepPoints | None) -> None:
+    never = Pruner(float("inf"), True)
+    gdn_paths_at = lambda block, key: getattr(plan, block).get(key)  # noqa: E731  (the (block, key) sweeps' filter)
+    if plan.gdn_prefill or plan.gdn_decode:
+        sweep_gdn(dims.gdn, sorted(plan.gdn_prefill), sorted(plan.gdn_decode), s, ceilings, never, tick, rows,
+                  paths_at=gdn_paths_at)
+    if plan.gdn_conv:
+        sweep_gdn_conv(dims.gdn, sorted(plan.gdn_conv), s, ceilings, tick, rows, gdn_paths_at)
+    if plan.gdn_gated_norm:
+        sweep_gated_norm(dims.gdn, sorted(plan.gdn_gated_norm), s, ceilings, tick, rows, gdn_paths_at)
+    if plan.attention_layer_decode:
+        sweep_attention_layer(dims.attention, sorted(plan.attention_layer_decode), D.attention_context(dims), s,
+                              ceilings, tick, rows, gdn_paths_at)
+    if plan.add_rms_norm:
+        sweep_add_rms_norm(dims.attention.hidden_size, dims.attention.eps, sorted(plan.add_rms_norm), s, ceilings,
+                           tick, rows, gdn_paths_at)
+    if plan.layer_points:
+        time_gdn_layer(dims.gdn, s, lambda b, t: select_rule_path(t, b, s.device, s.dtype), tick, plan.layer_points,
+                       rows, stages=layer_paths_to_time(plan, fused_layer_paths(), bool(a.check_stale)))
+    if plan.moe_experts:
+        sweep_moe_experts(dims.moe, sorted(plan.moe_experts), s, ceilings, never, tick, None, rows,
+                          paths_at=plan.paths_at("moe_experts"))
+    if plan.moe_block:
+        sweep_moe_block(dims.moe, sorted(plan.moe_block), s, ceilings, never, tick, None, rows,
+                        paths_at=plan.paths_at("moe_block"))
+    if step is not None:
+        step.sweep(plan.step_batches, tick, rows, s)
 
 
 # The dispatchers called as (key, device, dtype); the routed experts and the delta rule take other arguments.
@@ -179,11 +193,12 @@ def _judge(plan: CheckPlan, merged: list[Measurement], recorded: dict[tuple, Rec
     failures: list[str] = []
     notes: list[str] = [] if graphs else ["graph replay not timed (--no-graph, no CUDA graphs here, or none "
                                           "recorded): graph times are not judged"]
-    modes = ("eager", "graph") if graphs else ("eager",)
-    # Gated: the mode the table ranks by. Where that is graph replay (the H200), eager times are reported, not
-    # gated: on the lent H200s a microsecond kernel's eager time is the host's launch cost, and recorded runs
-    # differ by 1.75x at the median point (reports/gpu-gate-2026-12-04.md). The BI-V100's table ranks by eager.
-    gated = "graph" if graphs and str(raw.get("ranked_by", "")).startswith("graph") else "eager"
+    modes = ("eager", "graph", "gpu") if graphs else ("eager", "gpu")
+    gated_modes = _gated_modes(raw, graphs)
+    if "eager" not in gated_modes:
+        notes.append("eager times not gated: the table's runs come from one machine, and an eager time is mostly "
+                     "the host's, which differs between machines by more than the record can show; add a run from "
+                     "another machine (`--check --add-run`)")
     for (block, key), path in sorted(plan.dispatched.items()):
         served = _served(block, key, device, dtype)
         if served != path:
@@ -208,6 +223,7 @@ def _judge(plan: CheckPlan, merged: list[Measurement], recorded: dict[tuple, Rec
             if full and r.path != record_path:
                 continue
         rp = recorded.get((r.block, r.key, record_path))
+        _judge_launches(r, rp, verdicts, failures, notes)
         for mode in modes:
             measured = r.extra.get(f"{mode}_sweeps_us", [])
             values = rp.values(mode) if rp else []
@@ -217,17 +233,51 @@ def _judge(plan: CheckPlan, merged: list[Measurement], recorded: dict[tuple, Rec
                 continue
             if not measured:
                 continue
+            # The GPU's own time where the record has it; a record from before it was timed, the replay.
+            gated = mode in gated_modes and (mode != "graph" or not (rp and rp.values("gpu")))
             v = judge_point(r.block, r.key, r.path if r.path == record_path else f"{r.path} (table: {record_path})",
-                            mode, values, measured, gated=mode == gated)
+                            mode, values, measured, gated=gated)
             verdicts.append(v)
-            if v.failed or (v.status == "unrecorded" and mode == gated):
-                failures.append(v.line() if v.status != "unrecorded" else
-                                f"UNRECORDED: {v.line()}; re-record the table with `{RECORD_COMMAND}`")
+            if v.failed:
+                failures.append(v.line())
+            elif v.status == "unrecorded" and rp is None and mode == "eager":  # once per point the table lacks
+                failures.append(f"UNRECORDED: {v.line()}; re-record the table with `{RECORD_COMMAND}`")
             elif v.status == "faster" and v.gated:
                 notes.append(f"{v.line()}: re-record to tighten the gate")
     if full:
         _judge_stale(plan, merged, raw, verdicts, failures)
     return verdicts, failures, notes
+
+
+def _gated_modes(raw: dict, graphs: bool) -> set[str]:
+    """The modes a verdict fails on. The GPU's own time always (where a point has no record of it: the graph
+    replay, in a table ranked by graph). Eager where the table ranks by it (the BI-V100), or where its runs come
+    from two machines or more: an eager time is mostly the host's launch cost, and how far that moves between
+    machines is known only from runs on several (H200s of one model differed by 1.75x at the median point,
+    2026-12-04)."""
+    gated = {"gpu"}
+    if graphs and str(raw.get("ranked_by", "")).startswith("graph"):
+        gated.add("graph")
+    machines = {r.get("gpu_uuid") or r.get("host") for r in raw.get("timings", {}).get("runs", [])}
+    if "graph" not in gated or len(machines) >= 2:
+        gated.add("eager")
+    return gated
+
+
+def _judge_launches(r: Measurement, rp: RecordedPoint | None, verdicts, failures, notes) -> None:
+    """Exact launch counts of one call and one replay against the latest run that counted them."""
+    for mode, counts in (("eager", r.launches), ("graph", r.graph_launches)):
+        seen = r.extra.get(f"{'launches' if mode == 'eager' else 'graph_launches'}_seen")
+        if seen:
+            failures.append(f"LAUNCHES VARY: {r.block} {r.key} {r.path} ({mode}): counted {seen} in one run")
+        if counts is None:
+            continue
+        v = judge_launches(r.block, r.key, r.path, mode, (rp.launches.get(mode) if rp else None), counts)
+        verdicts.append(v)
+        if v.failed:
+            failures.append(v.line())
+        elif v.status == "fewer":
+            notes.append(f"{v.line()}: re-record to hold the new count")
 
 
 def _judge_stale(plan: CheckPlan, merged, raw, verdicts, failures) -> None:
@@ -252,20 +302,21 @@ def _judge_stale(plan: CheckPlan, merged, raw, verdicts, failures) -> None:
         mode = "graph" if graph_first and here[chosen].extra.get("graph_sweeps_us") else "eager"
         times = {p: r.extra.get(f"{mode}_sweeps_us", []) for p, r in here.items()}
         # Paths timed side by side in each sweep: the floor alone, machine-to-machine spread does not enter.
-        v = judge_stale(block, key, mode, chosen, {p: t for p, t in times.items() if t}, FLOORS[mode])
+        v = judge_stale(block, key, mode, chosen, {p: t for p, t in times.items() if t}, STALE_MARGINS[mode])
         verdicts.append(v)
         if v.stale:
             failures.append(f"{v.line()}; re-record the table with `{RECORD_COMMAND}`")
 
 
 def _write_report(directory: Path, command: str, table_path, identity: dict, verdicts, failures, notes,
-                  took: float, a, merged: list[Measurement], injected: list[str]) -> list[str]:
+                  took: float, a, merged: list[Measurement], injected: list[str], costs: dict | None) -> list[str]:
     device = identity["device"]
     directory.mkdir(parents=True, exist_ok=True)
     kind = "full check (stale dispatch)" if a.check_stale else "routine check"
     counts: dict[str, int] = {}
     for v in verdicts:
         status = ("stale" if v.stale else "fresh") if isinstance(v, StaleVerdict) else \
+            f"launches {v.status}" if isinstance(v, LaunchVerdict) else \
             (v.status if v.gated else f"{v.status} (not gated)")
         counts[status] = counts.get(status, 0) + 1
     summary = [f"qwen36 tune {kind} on {device} against {table_path}: "
@@ -274,15 +325,19 @@ def _write_report(directory: Path, command: str, table_path, identity: dict, ver
     payload = {"command": command, "device": device, "table": str(table_path), "kind": kind, "machine": identity,
                "date": dt.datetime.now(dt.timezone.utc).date().isoformat(), "torch": torch.__version__,
                "injected": injected, "passed": not failures, "seconds": round(took, 1), "sweeps": a.sweeps,
-               "failures": failures, "notes": notes, "verdicts": [v.as_dict() for v in verdicts],
+               "failures": failures, "notes": notes, "call_costs": costs,
+               "verdicts": [v.as_dict() for v in verdicts],
                # What --add-run-from adds to the table: each correct row's sweep medians.
                "measured": [{"block": r.block, "key": r.key, "path": r.path, "rule": r.extra.get("rule"),
-                             "eager_us": r.extra.get("eager_sweeps_us", []),
-                             "graph_us": r.extra.get("graph_sweeps_us", [])} for r in merged if r.status == "ok"]}
+                             **{f"{mode}_us": r.extra.get(f"{mode}_sweeps_us", [])
+                                for mode in ("eager", "graph", "gpu", "host")},
+                             "launches": r.launches, "graph_launches": r.graph_launches}
+                            for r in merged if r.status == "ok"]}
     (directory / "check.json").write_text(json.dumps(payload, indent=2) + "\n")
     md = [f"# `qwen36 tune` {kind} on {device}", "", f"- command: `{command}`", f"- table: `{table_path}`",
           f"- machine: {', '.join(f'{k} {v}' for k, v in identity.items())}",
           f"- {summary[0]}", ""]
+    md += cost_section(merged, costs)
     md += verdict_sections(failures, notes, [v.line() for v in verdicts])
     (directory / "check.md").write_text("\n".join(md))
     return [*failures, *notes, *summary, f"report: {directory / 'check.md'} and check.json"]

@@ -1,5 +1,12 @@
 """One path at one point: run it into NaN-poisoned outputs, check it against the float64 reference, time it
-eagerly, then capture it in a CUDA graph, check the replay's output too and time the replays."""
+eagerly, then capture it in a CUDA graph, check the replay's output too and time the replays.
+
+Beside those two times (each as a caller pays it: the graph's includes its launch), every point gets the GPU's
+own time (`gpu`: the replay, or where nothing captured the eager call, with the launch hidden behind a busy
+stream: measure/timing.py `time_hidden`) and the host's microseconds per call (`host_us`), and, in the sweep
+that asks (`Settings.count_launches`), the launches of one eager call and of one replay
+(measure/launch_count.py): the figures the GPU gate judges apart.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,7 +15,8 @@ from typing import Callable, Collection, Iterator
 import torch
 
 from .floors import Floor
-from .timing import L2Flusher, Timing, capture_graph, time_eager, time_graph
+from .launch_count import launches_of_call, launches_of_replay
+from .timing import L2Flusher, Timing, capture_graph, host_us_per_call, time_eager, time_graph, time_hidden
 
 __all__ = ["Settings", "Measurement", "measure", "check_error", "kept_outputs", "tolerance_for", "path_rows"]
 
@@ -25,6 +33,17 @@ class Settings:
     graphs: bool  # time CUDA-graph replays too
     flusher: L2Flusher
     slow_call_us: float = 50_000.0  # calls slower than this get 3 samples: they are never the choice
+    count_launches: bool = False  # count one call's launches (one sweep of a run asks: the count is exact)
+
+
+# Host time per call is taken over enough back-to-back calls to last about this long (at least 3, at most 200).
+HOST_SPAN_US = 20_000.0
+# The spin that hides a call's launch outlasts the call as a caller times it (host and GPU) by this much.
+HIDE_MARGIN_US = 20.0
+
+
+def host_calls(eager_us: float) -> int:
+    return max(3, min(200, int(HOST_SPAN_US / max(eager_us, 1.0))))
 
 
 @dataclass
@@ -37,6 +56,10 @@ class Measurement:
     eager: Timing | None = None
     graph: Timing | None = None
     graph_note: str = ""
+    gpu: Timing | None = None  # the GPU's own time, launch hidden: the replay where captured, else the eager call
+    host_us: float | None = None  # host microseconds per eager call, back to back
+    launches: dict[str, int] | None = None  # of one eager call (measure/launch_count.py); None: not counted
+    graph_launches: dict[str, int] | None = None  # of one replay
     err_eager: float | None = None
     err_graph: float | None = None
     bound: float | None = None
@@ -57,6 +80,8 @@ class Measurement:
             "block": self.block, "key": self.key, "path": self.path, "status": self.status, "detail": self.detail,
             "eager": self.eager.as_dict() if self.eager else None,
             "graph": self.graph.as_dict() if self.graph else None, "graph_note": self.graph_note,
+            "gpu": self.gpu.as_dict() if self.gpu else None, "host_us": self.host_us, "launches": self.launches,
+            "graph_launches": self.graph_launches,
             "err_eager": self.err_eager, "err_graph": self.err_graph, "bound": self.bound,
             "floor": None if self.floor is None else {
                 "hbm_us": self.floor.hbm_us, "compute_us": self.floor.compute_us, "floor_us": floor_us},
@@ -153,12 +178,17 @@ def _measure(m, call, reset, check, s: Settings) -> None:
     reps = 3 if probe.median_us > s.slow_call_us else s.reps
     m.eager = time_eager(call, s.device, s.flusher, reps, 0)
     m.status = "ok"
+    m.host_us = host_us_per_call(call, s.device, host_calls(m.eager.median_us))
+    if s.count_launches:
+        m.launches = launches_of_call(call, s.device)
     if not s.graphs:
         m.graph_note = "graphs off" if s.device.type == "cuda" else f"no CUDA graphs on {s.device.type}"
+        m.gpu = time_hidden(call, s.device, s.flusher, reps, 1.5 * m.eager.median_us + HIDE_MARGIN_US)
         return
     graph, why = capture_graph(call, s.device)
     if graph is None:
         m.graph_note = why
+        m.gpu = time_hidden(call, s.device, s.flusher, reps, 1.5 * m.eager.median_us + HIDE_MARGIN_US)
         return
     try:
         reset()
@@ -168,5 +198,8 @@ def _measure(m, call, reset, check, s: Settings) -> None:
             m.graph_note = f"graph replay wrong: {note or f'relative error {m.err_graph:.3e}'}"
             return
         m.graph = time_graph(graph, s.device, s.flusher, reps)
+        m.gpu = time_hidden(graph.replay, s.device, s.flusher, reps, m.graph.median_us + HIDE_MARGIN_US)
+        if s.count_launches:
+            m.graph_launches = launches_of_replay(graph.replay, s.device)
     finally:
         del graph

@@ -19,7 +19,9 @@ from model.qwen36 import CapturableDecodeStep, Qwen36Cache, Qwen36Model
 from model.qwen36.static_step import StepSnapshot, greedy_logits
 
 from ..measure.point import Settings
-from ..measure.timing import L2Flusher, Timing, graphs_supported, time_eager, time_graph
+from ..measure.launch_count import launches_of_replay
+from ..measure.point import HIDE_MARGIN_US
+from ..measure.timing import L2Flusher, Timing, graphs_supported, time_eager, time_graph, time_hidden
 
 __all__ = ["CHECK_STEPS", "GraphResult", "RestoringFlusher", "measure_static_step", "relative_difference"]
 
@@ -33,6 +35,8 @@ class GraphResult:
     max_len: int | None = None
     static_eager: Timing | None = None  # the eager step over the static cache
     replay: Timing | None = None
+    replay_gpu: Timing | None = None  # the replay's GPU time, its launch hidden (measure/timing.py time_hidden)
+    replay_launches: dict[str, int] | None = None  # of one replay, where the settings ask for counts
     static_vs_dynamic: float | None = None  # relative error of the static step's logits against the dynamic step's
     replay_equals_eager: bool | None = None  # bit for bit over CHECK_STEPS greedy steps
     replay_max_abs_diff: float | None = None
@@ -131,5 +135,10 @@ def measure_static_step(model: Qwen36Model, cache: Qwen36Cache, ids: torch.Tenso
     step.restore(saved)
     # time_graph replays through `step` (its replay() is the graph's, with the host's capacity count).
     result.replay = time_graph(step, s.device, rewind, s.reps)
+    result.replay_gpu = time_hidden(step.replay, s.device, rewind, s.reps, result.replay.median_us + HIDE_MARGIN_US)
+    if s.count_launches:
+        step.restore(saved)
+        result.replay_launches = launches_of_replay(step.replay, s.device)
+    step.restore(saved)
     result.status = "ok"
     return result

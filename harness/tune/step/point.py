@@ -22,7 +22,9 @@ from model.qwen36 import Qwen36Config, Qwen36Model, Qwen36Paths
 from ..measure import dims as D
 from ..measure.inputs import rank_config, rank_weights
 from ..measure.point import Measurement, Settings
-from ..measure.timing import time_eager
+from ..measure.launch_count import launches_of_call
+from ..measure.point import host_calls
+from ..measure.timing import host_us_per_call, time_eager
 from .graph import measure_static_step
 from .run import QWEN36_35B_A3B, STEP_PREFILL, TINY_MODEL, prefilled
 
@@ -58,27 +60,32 @@ class StepPoints:
             self._prefilled[batch] = prefilled(self._model, batch, self.prefill, self.s.device)
         return self._model, *self._prefilled[batch]
 
-    def measure(self, batch: int, tick: Callable[[str], None]) -> Measurement:
-        """One sweep of the step at `batch`; never raises for a step that fails (the row says why)."""
+    def measure(self, batch: int, tick: Callable[[str], None], s: Settings | None = None) -> Measurement:
+        """One sweep of the step at `batch` (with `s`, else the settings it was built with); never raises for a step
+        that fails (the row says why)."""
+        s = s or self.s
         m = Measurement(STEP_BLOCK, batch, STEP_PATH, "error", bound=float("inf"),
                         extra={"batch": batch, "prefill": self.prefill})
         tick(f"decode step B={batch}")
         try:
             model, ids, cache = self._state(batch)
-            m.eager = time_eager(lambda: model.forward(ids, cache), self.s.device, self.s.flusher, self.s.reps,
-                                 self.s.warmup)
+            step = lambda: model.forward(ids, cache)  # noqa: E731  (the prefilled cache is never modified)
+            m.eager = time_eager(step, s.device, s.flusher, s.reps, s.warmup)
+            m.host_us = host_us_per_call(step, s.device, host_calls(m.eager.median_us))
+            if s.count_launches:
+                m.launches = launches_of_call(step, s.device)
             logits = model.forward(ids, cache)[0]
             if not torch.isfinite(logits).all():
                 m.status, m.detail = "wrong", "the step's logits are not finite"
                 return m
-            graph = measure_static_step(model, cache, ids, logits, self.s, lambda label: None)
+            graph = measure_static_step(model, cache, ids, logits, s, lambda label: None)
             if graph.status == "ok" and not graph.replay_equals_eager:
                 m.status = "wrong"
                 m.detail = (f"the graph replay's logits differ from the eager static step's (max abs difference "
                             f"{graph.replay_max_abs_diff:.3g})")
                 return m
             if graph.status == "ok":
-                m.graph = graph.replay
+                m.graph, m.gpu, m.graph_launches = graph.replay, graph.replay_gpu, graph.replay_launches
             else:
                 m.graph_note = f"{graph.status}: {graph.detail}".rstrip(": ")
             m.status = "ok"
@@ -86,7 +93,7 @@ class StepPoints:
             m.status, m.detail = "error", f"{type(exc).__name__}: {str(exc).strip()[:300]}"
         return m
 
-    def sweep(self, batches, tick: Callable[[str], None], rows: list[Measurement]) -> None:
+    def sweep(self, batches, tick: Callable[[str], None], rows: list[Measurement], s: Settings | None = None) -> None:
         """Appends one row per batch to `rows` as it goes."""
         for batch in batches:
-            rows.append(self.measure(batch, tick))
+            rows.append(self.measure(batch, tick, s))

@@ -35,13 +35,14 @@ from model.qwen36 import ConfigError, Qwen36Config, Qwen36Model, Qwen36Paths
 from ..measure.ceilings import ceilings_for
 from ..measure.floors import Work, decode_step_bytes, floor_of
 from ..measure.inputs import generator, rank_config, rank_weights
+from ..measure.launch_count import launches_of_call
 from ..measure.point import Settings
 from ..measure.progress import Progress
 from ..measure.timing import L2Flusher, Timing, time_eager, warm_device
 from .graph import GraphResult, measure_static_step
 from .report import format_step_table, write_step_report
 
-__all__ = ["run_step", "model_config", "BlockClock", "count_device_work", "StepRow", "STEP_BATCHES", "STEP_PREFILL",
+__all__ = ["run_step", "model_config", "BlockClock", "StepRow", "STEP_BATCHES", "STEP_PREFILL",
            "QWEN36_35B_A3B", "TINY_MODEL"]
 
 STEP_BATCHES = (1, 8, 64)
@@ -116,25 +117,6 @@ class BlockClock:
         return dict(totals)
 
 
-def count_device_work(events) -> dict[str, int]:
-    """Kernels, copies and fills among a profile's device-side events (torch.profiler FunctionEvents): by
-    kineto's activity type where the torch build records it, else by the names CUPTI gives copies and fills."""
-    from torch.autograd import DeviceType
-
-    counts = {"kernels": 0, "memcpy": 0, "memset": 0}
-    for e in events:
-        if e.device_type != DeviceType.CUDA:
-            continue
-        activity, name = getattr(e, "activity_type", None) or "", e.name.lower()
-        if activity == "gpu_memcpy" or (not activity and name.startswith("memcpy")):
-            counts["memcpy"] += 1
-        elif activity == "gpu_memset" or (not activity and name.startswith("memset")):
-            counts["memset"] += 1
-        elif activity in ("", "kernel"):  # not annotations or other device-side markers
-            counts["kernels"] += 1
-    return counts
-
-
 @dataclass
 class StepRow:
     batch: int
@@ -194,15 +176,7 @@ def time_blocks(step, s: Settings) -> tuple[float, dict[str, float]]:
 
 def profile_kernels(step, device: torch.device) -> dict[str, int] | None:
     """Device work one step launches, from torch.profiler; None off CUDA (a CPU launches no kernels)."""
-    if device.type != "cuda":
-        return None
-    from torch.profiler import ProfilerActivity, profile
-
-    _sync(device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        step()
-        _sync(device)
-    return count_device_work(prof.events())
+    return launches_of_call(step, device) if device.type == "cuda" else None
 
 
 def model_paths(a, device: torch.device, dtype: torch.dtype) -> Qwen36Paths:

@@ -6,7 +6,7 @@ plugin's substitutes registered and a table naming the GPU paths (`add_rms_norm`
 makes it: the GDN layer's path is its own choice (`_decode_path`, its fallbacks included) over the float32 recurrent
 state the served model keeps on every platform (Qwen3.5/3.6's `mamba_ssm_dtype`), so an AVX2-only CPU, whose vLLM
 keeps the tiny model's state in bf16, counts the same calls as an AVX-512 one. Each call is counted by
-harness/tune/step/launch_count.py: every ATen op that computes and every Triton launch. What stays vLLM's inside the
+harness/tune/measure/launch_count.py: every ATen op that computes and every Triton launch. What stays vLLM's inside the
 served GDN call (projections, layout code, out_proj) is counted apart from the model's core, as it runs here: vLLM's
 CPU kernels, and its torch.compile'd layout helper (`prepare_gdn_attention_core_inputs`, which cannot be traced under
 the counter's dispatch mode) eagerly, op by op, where a server runs it compiled: that part is an upper bound.
@@ -81,7 +81,7 @@ def _layers(cfg, served: bool):
 def _count(fn) -> int:
     """The launches of one call of `fn`, after one uncounted call: what a first call builds once (the served MoE
     block compares its kept weights with vLLM's) is not a per-call launch."""
-    from harness.tune.step.launch_count import count_launches
+    from harness.tune.measure.launch_count import count_launches
 
     with torch.no_grad():
         fn()
@@ -91,7 +91,7 @@ def _count(fn) -> int:
 def _count_gdn(gdn, x, meta, path: str) -> dict[str, int]:
     """The served GDN call's launches: the model's core (the stacked row and the fused kernel) and vLLM's code around
     it (projections, layout, out_proj)."""
-    from harness.tune.step.launch_count import count_launches
+    from harness.tune.measure.launch_count import count_launches
 
     core = gdn._core_triton
     compiled = type(gdn).prepare_gdn_attention_core_inputs

@@ -3,11 +3,19 @@ run by run, so a gate can say both whether a point got slower and how far its ti
 
     "timings": {
       "method": "...how each value was measured...",
-      "runs": [{"id": 0, "date": "2026-12-04", "host": "...", "command": "qwen36 tune ...", "sweeps": 3}, ...],
+      "runs": [{"id": 0, "date": "2026-12-04", "host": "...", "command": "qwen36 tune ...", "sweeps": 3,
+                "call_costs": {"aten_op_host_us": 6.2, "timer_us": 5.9}}, ...],
       "points": [{"block": "moe_experts", "key": 1, "path": "triton_decode",
-                  "runs": [{"run": 0, "eager_us": [75.1, 74.0, 76.2], "graph_us": [14.7, 14.6, 14.9]}]}, ...]}
+                  "runs": [{"run": 0, "eager_us": [75.1, 74.0, 76.2], "graph_us": [14.7, 14.6, 14.9],
+                            "gpu_us": [8.1, 8.1, 8.2], "host_us": [52.0, 51.1, 50.7],
+                            "launches": {"eager": {"kernels": 2, "memcpy": 0, "memset": 0}, "graph": {...}}}],
+                  "tolerance": {"eager": 0.12, "graph": 0.14, "gpu": 0.03}}, ...]}
 
-A value is one sweep's median of `reps` samples. `qwen36 tune` writes run 0 (a re-record starts again);
+A value is one sweep's median of `reps` samples: `eager` as an eager caller pays it, `graph` a replay as a
+caller times it (its launch included), `gpu` the GPU's own time with the launch hidden, `host` the host's
+microseconds per call. `launches` are one call's and one replay's, counted once per run. `tolerance` is what
+the gate's rule (harness/tune/check/rule.py) gives each mode from the values recorded so far, written for the
+reader; the gate recomputes it. `qwen36 tune` writes run 0 (a re-record starts again);
 `qwen36 tune --check --add-run` appends a passing check's values as another run, so the spread a tolerance is
 sized from comes from separate processes, days and machines, not from one. The GDN layer's rows are recorded as
 path `layer` with the rule path the table gave it (`rule`); the layer's stages are reported, not recorded.
@@ -37,12 +45,16 @@ class RecordedPoint:
     eager_runs: list[list[float]] = field(default_factory=list)  # per run, each sweep's median
     graph_runs: list[list[float]] = field(default_factory=list)
     rule: str | None = None  # the GDN layer's rule path when recorded
+    gpu_runs: list[list[float]] = field(default_factory=list)
+    host_runs: list[list[float]] = field(default_factory=list)
+    launches: dict[str, dict[str, int]] = field(default_factory=dict)  # mode -> counts, of the latest run counting
 
     def values(self, mode: str) -> list[float]:
-        return [v for run in (self.eager_runs if mode == "eager" else self.graph_runs) for v in run]
+        return [v for run in getattr(self, f"{mode}_runs") for v in run]
 
 
 def run_meta(run_id: int, date: str, command: str, sweeps: int, **more) -> dict:
+    """A run's entry; `more` adds the machine, the versions, and `call_costs` (harness/tune/measure/call_costs.py)."""
     return {"id": run_id, "date": date, "host": socket.gethostname(), "command": command, "sweeps": sweeps, **more}
 
 
@@ -53,8 +65,18 @@ def _recordable(r: Measurement) -> bool:
 
 
 def _entry(r: Measurement, run_id: int) -> dict:
-    return {"run": run_id, "eager_us": list(r.extra.get("eager_sweeps_us", [])),
-            "graph_us": list(r.extra.get("graph_sweeps_us", []))}
+    entry = {"run": run_id, **{f"{mode}_us": list(r.extra.get(f"{mode}_sweeps_us", []))
+                               for mode in ("eager", "graph", "gpu", "host")}}
+    launches = {mode: counts for mode, counts in (("eager", r.launches), ("graph", r.graph_launches)) if counts}
+    return {**entry, "launches": launches} if launches else entry
+
+
+def _with_tolerance(point: dict) -> dict:
+    """The point with each mode's tolerance under the gate's rule, from every value recorded for it."""
+    from ..check.rule import MODES, tolerance  # the rule reads records; records only quote it
+
+    values = {mode: [v for e in point["runs"] for v in e.get(f"{mode}_us") or []] for mode in MODES}
+    return {**point, "tolerance": {mode: round(tolerance(v, mode), 4) for mode, v in values.items() if v}}
 
 
 def new_timings(rows: list[Measurement], method: str, meta: dict) -> dict:
@@ -74,7 +96,7 @@ def append_run(timings: dict, rows: list[Measurement], meta: dict) -> dict:
             point["rule"] = r.extra["rule"]
         point["runs"].append(_entry(r, meta["id"]))
     return {"method": timings.get("method", ""), "runs": [*timings.get("runs", []), meta],
-            "points": list(points.values())}
+            "points": [_with_tolerance(p) for p in points.values()]}
 
 
 def keep_blocks(old: dict | None, new: dict, measured_blocks: set[str]) -> dict:
@@ -98,9 +120,9 @@ def recorded_points(timings: dict | None) -> dict[tuple[str, int, str], Recorded
     for p in (timings or {}).get("points", []):
         rp = RecordedPoint(p["block"], int(p["key"]), p["path"], rule=p.get("rule"))
         for e in p["runs"]:
-            if e.get("eager_us"):
-                rp.eager_runs.append([float(v) for v in e["eager_us"]])
-            if e.get("graph_us"):
-                rp.graph_runs.append([float(v) for v in e["graph_us"]])
+            for mode in ("eager", "graph", "gpu", "host"):
+                if e.get(f"{mode}_us"):
+                    getattr(rp, f"{mode}_runs").append([float(v) for v in e[f"{mode}_us"]])
+            rp.launches.update(e.get("launches") or {})  # runs in order: the latest count of each mode stands
         out[(rp.block, rp.key, rp.path)] = rp
     return out

@@ -9,7 +9,7 @@ from ..measure.point import Measurement
 from .block_rows import is_layer_row
 from .targets import Verdict
 
-__all__ = ["Section", "format_rows", "layer_breakdown", "write_report", "verdict_sections"]
+__all__ = ["Section", "format_rows", "layer_breakdown", "write_report", "verdict_sections", "cost_section"]
 
 TITLES = {
     "moe_experts": "Routed experts (T tokens)",
@@ -27,7 +27,7 @@ TITLES = {
     "triton_decode_configs": "triton_decode: every candidate block config (T tokens)",
     "triton_grouped_configs": "triton_grouped: every candidate block config (T tokens)",
 }
-HEADER = ("point", "path", "status", "eager us (IQR/med)", "graph us (IQR/med)", "err", "bound",
+HEADER = ("point", "path", "status", "eager us (IQR/med)", "graph us (IQR/med)", "gpu us", "host us", "err", "bound",
           "floor us (hbm/compute)", "eager/floor", "graph/floor")
 
 
@@ -45,7 +45,8 @@ def _cells(r: Measurement) -> tuple[str, ...]:
         f"{r.floor.us:,.1f} ({_num(r.floor.hbm_us, ',.1f')}/{_num(r.floor.compute_us, ',.1f')})")
     graph = _us(r.graph) if r.graph else (r.graph_note or "-")
     status = r.status if not r.detail else f"{r.status}: {r.detail}"
-    return (str(r.key), r.path, status, _us(r.eager), graph, _num(r.err_eager, ".2e"),
+    return (str(r.key), r.path, status, _us(r.eager), graph, _num(r.gpu.median_us if r.gpu else None, ",.1f"),
+            _num(r.host_us, ",.1f"), _num(r.err_eager, ".2e"),
             _num(r.bound if r.bound != float("inf") else None, ".0e"), floor,
             _num(d["eager_x_floor"], ".1f"), _num(d["graph_x_floor"], ".1f"))
 
@@ -133,6 +134,7 @@ def write_report(directory: Path, meta: dict, rows: list[Measurement], table: di
         md += ["## GDN layer: which stage dominates", ""] + [f"- {b}" for b in breakdown] + [""]
     for block in _blocks(rows):
         md += [f"## {TITLES.get(block, block)}", "", _markdown_rows(rows, block), ""]
+    md += cost_section(rows, meta.get("call_costs"))
     if table:
         md += ["## Dispatch table written", ""]
         for block, spec in table["blocks"].items():
@@ -154,3 +156,36 @@ def verdict_sections(failures: list[str], notes: list[str], lines: list[str]) ->
     if notes:
         md += ["## Notes", "", *[f"- {n}" for n in notes], ""]
     return md + ["## Every point", "", *[f"- {line}" for line in lines], ""]
+
+
+def _launches(counts: dict | None) -> str:
+    if not counts:
+        return "-"
+    return " + ".join(f"{n} {kind}" for kind, n in counts.items() if n) or "0"
+
+
+def cost_section(rows: list[Measurement], costs: dict | None) -> list[str]:
+    """Markdown: per point, what an eager caller pays, the GPU's own time, a replay as a caller times it, the
+    host's microseconds per call (and in ATen ops measured in the same run), and the launches of one call and
+    one replay; above it the ATen op's and the timer's own cost."""
+    if not rows:
+        return []
+    aten = (costs or {}).get("aten_op_host_us")
+    md = ["## GPU time and host time", ""]
+    if costs:
+        md += [f"- one ATen op ({costs['aten_op']}): host {costs['aten_op_host_us']:,.2f} us per call (back to back), "
+               f"{costs['aten_op_eager_us']:,.2f} us timed as an eager call", f"- the timer's own cost (an empty call "
+               f"timed as an eager call: flush, synchronise, start event, nothing, end event): "
+               f"{costs['timer_us']:,.2f} us, in every eager figure", ""]
+    md += ["| point | path | eager us (host + GPU) | GPU us (launch hidden) | graph us (replay, launch included) "
+           "| host us per call | host in ATen ops | launches, one call | launches, one replay |",
+           "|---|---|---:|---:|---:|---:|---:|---|---|"]
+    for r in rows:
+        if r.status != "ok":
+            continue
+        ratio = f"{r.host_us / aten:.1f}" if aten and r.host_us is not None else "-"
+        md.append(f"| {r.block} {r.key} | {r.path} | {_num(r.eager.median_us if r.eager else None, ',.1f')} "
+                  f"| {_num(r.gpu.median_us if r.gpu else None, ',.1f')} "
+                  f"| {_num(r.graph.median_us if r.graph else None, ',.1f')} | {_num(r.host_us, ',.1f')} | {ratio} "
+                  f"| {_launches(r.launches)} | {_launches(r.graph_launches)} |")
+    return md + [""]

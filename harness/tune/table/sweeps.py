@@ -3,7 +3,10 @@ over the whole sweep, not only the spread of the samples inside one pass.
 
 Each sweep times every path at every point (median of `--reps` samples); `merge_sweeps` turns the rows of
 all sweeps into one row per (block, point, path) whose time is the median of the sweeps' medians and whose
-`extra` keeps every sweep's median (`eager_sweeps_us`, `graph_sweeps_us`) for the table's timings.
+`extra` keeps every sweep's median (`eager_sweeps_us`, `graph_sweeps_us`, `gpu_sweeps_us`: the GPU's own time,
+`host_sweeps_us`: host microseconds per call) for the table's timings, and the launches of one call and one replay
+from the sweep that counted them (`launches`, `graph_launches`; two sweeps that counted differently keep both, in
+`launches_seen`, and the gate fails the point: a count is exact or it is not a count).
 """
 from __future__ import annotations
 
@@ -26,7 +29,10 @@ def _merged_timing(timings: list[Timing]) -> Timing | None:
 
 
 def sweep_medians(rows: list[Measurement], mode: str) -> list[float]:
-    """Each sweep's median in `mode` ("eager" or "graph"), for the rows of one point and path."""
+    """Each sweep's median in `mode` ("eager", "graph" or "gpu"), for the rows of one point and path; "host": each
+    sweep's host microseconds per call."""
+    if mode == "host":
+        return [r.host_us for r in rows if r.host_us is not None]
     return [getattr(r, mode).median_us for r in rows if getattr(r, mode) is not None]
 
 
@@ -37,6 +43,7 @@ def _merge(group: list[Measurement]) -> Measurement:
     worst = min(group, key=lambda r: _STATUS_ORDER.index(r.status) if r.status in _STATUS_ORDER else 0)
     ok = worst.status == "ok"
     graphs = [r.graph for r in group if r.graph is not None]
+    gpus = [r.gpu for r in group if r.gpu is not None]
     # A graph time stands only where every sweep captured and checked its replay.
     graph = _merged_timing(graphs) if ok and len(graphs) == len(group) else None
     errors_eager = [r.err_eager for r in group if r.err_eager is not None]
@@ -45,14 +52,27 @@ def _merge(group: list[Measurement]) -> Measurement:
         first, status=worst.status, detail=worst.detail,
         eager=_merged_timing([r.eager for r in group if r.eager is not None]) if ok else None,
         graph=graph, graph_note=next((r.graph_note for r in group if r.graph is None and r.graph_note), ""),
+        gpu=_merged_timing(gpus) if ok and len(gpus) == len(group) else None,
+        host_us=statistics.median(h) if ok and (h := sweep_medians(group, "host")) else None,
+        launches=_counted(group, "launches"), graph_launches=_counted(group, "graph_launches"),
         err_eager=max(errors_eager) if errors_eager else None, err_graph=max(errors_graph) if errors_graph else None,
         extra={**first.extra, **_sweeps_extra(group)},
     )
 
 
+def _counted(group: list[Measurement], field: str) -> dict[str, int] | None:
+    seen = [getattr(r, field) for r in group if getattr(r, field) is not None]
+    return seen[0] if seen else None
+
+
 def _sweeps_extra(group: list[Measurement]) -> dict:
-    return {"sweeps": len(group), "eager_sweeps_us": [round(v, 3) for v in sweep_medians(group, "eager")],
-            "graph_sweeps_us": [round(v, 3) for v in sweep_medians(group, "graph")]}
+    extra = {"sweeps": len(group), **{f"{mode}_sweeps_us": [round(v, 3) for v in sweep_medians(group, mode)]
+                                      for mode in ("eager", "graph", "gpu", "host")}}
+    for field in ("launches", "graph_launches"):
+        seen = [getattr(r, field) for r in group if getattr(r, field) is not None]
+        if any(counts != seen[0] for counts in seen):
+            extra[f"{field}_seen"] = seen
+    return extra
 
 
 def merge_sweeps(rows: list[Measurement]) -> list[Measurement]:

@@ -1,4 +1,5 @@
-"""Kernel launches of a model call, by block kind, counted on any device (a CPU included).
+"""Kernel launches of a model call, by block kind, counted on any device (a CPU included); and the launches of
+one call on the device it runs on, as the GPU perf gate records and judges them exactly.
 
 At decode an eager step's time is mostly the host's cost of launching kernels, so the number of launches per
 block is the figure to hold down. torch.profiler counts CUDA kernels on a GPU (harness/tune/step/run.py); this counts
@@ -22,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from harness.serving.step_profile import NO_KERNEL  # allocations and metadata; views by OpOverload.is_view
 from model.dispatch import triton_launch
 
-__all__ = ["LaunchCounter", "count_launches"]
+__all__ = ["LaunchCounter", "count_launches", "count_device_work", "launches_of_call", "launches_of_replay"]
 
 
 
@@ -105,3 +106,45 @@ def count_launches(call: Callable[[Callable[[str], contextlib.AbstractContextMan
     with torch.no_grad(), counter:
         call(counter.trace)
     return dict(counter.counts)
+
+
+def count_device_work(events) -> dict[str, int]:
+    """Kernels, copies and fills among a profile's device-side events (torch.profiler FunctionEvents): by
+    kineto's activity type where the torch build records it, else by the names CUPTI gives copies and fills."""
+    from torch.autograd import DeviceType
+
+    counts = {"kernels": 0, "memcpy": 0, "memset": 0}
+    for e in events:
+        if e.device_type != DeviceType.CUDA:
+            continue
+        activity, name = getattr(e, "activity_type", None) or "", e.name.lower()
+        if activity == "gpu_memcpy" or (not activity and name.startswith("memcpy")):
+            counts["memcpy"] += 1
+        elif activity == "gpu_memset" or (not activity and name.startswith("memset")):
+            counts["memset"] += 1
+        elif activity in ("", "kernel"):  # not annotations or other device-side markers
+            counts["kernels"] += 1
+    return counts
+
+
+def launches_of_call(run: Callable[[], object], device: torch.device) -> dict[str, int]:
+    """What one call of `run` launches where it runs. CUDA: the kernels, copies and fills torch.profiler sees
+    on the device ({"kernels", "memcpy", "memset"}). Elsewhere: {"ops": every ATen op that computes and every
+    Triton launch} (LaunchCounter), the count a CPU can take of the same code."""
+    if device.type != "cuda":
+        return {"ops": sum(count_launches(lambda trace: run()).values())}
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize(device)
+    return count_device_work(prof.events())
+
+
+def launches_of_replay(replay: Callable[[], object], device: torch.device) -> dict[str, int] | None:
+    """The kernels, copies and fills one CUDA graph replay runs (CUPTI reports a graph's kernels one by one);
+    None when the profiler saw none, which a replay of real work cannot be (a build whose CUPTI hides graph
+    kernels: not counted rather than counted as zero)."""
+    counts = launches_of_call(replay, device)
+    return counts if sum(counts.values()) else None
