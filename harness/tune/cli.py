@@ -23,6 +23,7 @@ from .blocks.moe import (
     unavailable_expert_paths,
 )
 from .check.device_table import dispatching_by
+from .check.rule import with_tolerances
 from .measure import dims as D
 from .measure.call_costs import call_costs, merged_costs
 from .measure.ceilings import ceilings_for
@@ -117,9 +118,10 @@ def run(a) -> int:
         verdicts = judge_targets(merged) if real else []
         # A config sweep measures configs that do not serve yet, not paths: the dispatch table stays as it is.
         if not a.no_table and not a.sweep_configs:
-            timings = new_timings(merged, f"{meta['timing']}; each value one sweep's median",
-                                  run_meta(0, today, command, sweeps, torch=torch.__version__, triton=meta["triton"],
-                                           call_costs=merged_costs(costs), **device_identity(device)))
+            timings = with_tolerances(new_timings(
+                merged, f"{meta['timing']}; each value one sweep's median",
+                run_meta(0, today, command, sweeps, torch=torch.__version__, triton=meta["triton"],
+                         call_costs=merged_costs(costs), **device_identity(device))))
             table = build_table(merged, name, meta["dtype"], prefer_graph, recorded, timings)
             path = write_table(table, table_dir / table_file_name(name))
             meta["table_path"] = str(path)

@@ -6,7 +6,7 @@ import pytest
 
 from harness.tune.check.plan import plan_check, ranking_block
 from harness.tune.check.rule import (
-    FLOORS, MIN_SWEEPS, judge_launches, judge_point, judge_stale, spread, tolerance,
+    FLOORS, MIN_SWEEPS, judge_launches, judge_point, judge_stale, spread, tolerance, with_tolerances,
 )
 from harness.tune.measure.point import Measurement
 from harness.tune.measure.timing import Timing
@@ -112,7 +112,7 @@ def test_a_record_keeps_each_runs_launches_and_the_latest_counts():
     again = row("moe_block", 1, "triton_fused_block", 100.0, 20.0, eager_sweeps_us=[101.0] * 3,
                 graph_sweeps_us=[20.5] * 3, gpu_sweeps_us=[14.7] * 3)
     again.launches, again.graph_launches = {"kernels": 5}, {"kernels": 5}
-    timings = append_run(timings, [again], {"id": 1})
+    timings = with_tolerances(append_run(timings, [again], {"id": 1}))
     (point,) = recorded_points(timings).values()
     assert point.launches == {"eager": {"kernels": 5}, "graph": {"kernels": 5}}
     assert point.values("gpu") == [14.0] * 3 + [14.7] * 3

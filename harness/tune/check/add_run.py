@@ -18,6 +18,7 @@ from model.dispatch.table import CHECKOUT_TABLE_DIR, load_dispatch_table, table_
 
 from ..measure.point import Measurement
 from ..table.record import append_run, run_meta
+from .rule import with_tolerances
 
 __all__ = ["BROKEN", "add_run", "add_reported_run", "report_rows"]
 
@@ -37,7 +38,7 @@ def add_run(path: Path, rows: list[Measurement], meta: dict, failures: list[str]
         print(f"add a run: {path} has no timings to add to; record it with `qwen36 tune`", file=sys.stderr)
         return 2
     run_id = 1 + max((r["id"] for r in timings.get("runs", [])), default=-1)
-    raw["timings"] = append_run(timings, rows, {**meta, "id": run_id})
+    raw["timings"] = with_tolerances(append_run(timings, rows, {**meta, "id": run_id}))
     path.write_text(json.dumps(raw, indent=2) + "\n")
     load_dispatch_table(path)  # still a table the dispatchers read
     if failures:

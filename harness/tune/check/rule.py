@@ -34,7 +34,7 @@ import statistics
 from dataclasses import asdict, dataclass
 
 __all__ = ["FLOORS", "MIN_SWEEPS", "MODES", "STALE_MARGINS", "point_name", "spread", "bounds", "tolerance", "PointVerdict",
-           "judge_point", "LaunchVerdict", "judge_launches", "StaleVerdict", "judge_stale"]
+           "judge_point", "LaunchVerdict", "judge_launches", "StaleVerdict", "judge_stale", "with_tolerances"]
 
 FLOORS = {"gpu": 0.03, "graph": 0.14, "eager": 0.12}
 MODES = ("eager", "graph", "gpu")
@@ -59,6 +59,16 @@ def spread(values: list[float]) -> float:
 def tolerance(recorded: list[float], mode: str) -> float:
     """How far beyond its recorded envelope a point may move: the mode's floor, or the point's own spread."""
     return max(FLOORS[mode], spread(recorded))
+
+
+def with_tolerances(timings: dict) -> dict:
+    """A table's `timings` with each point's tolerance per mode, from every value recorded for it (written for the
+    reader of the table; the gate recomputes it)."""
+    def annotated(point: dict) -> dict:
+        values = {mode: [v for e in point["runs"] for v in e.get(f"{mode}_us") or []] for mode in MODES}
+        return {**point, "tolerance": {mode: round(tolerance(v, mode), 4) for mode, v in values.items() if v}}
+
+    return {**timings, "points": [annotated(p) for p in timings.get("points", [])]}
 
 
 def bounds(recorded: list[float], mode: str) -> tuple[float, float]:

@@ -14,8 +14,8 @@ run by run, so a gate can say both whether a point got slower and how far its ti
 A value is one sweep's median of `reps` samples: `eager` as an eager caller pays it, `graph` a replay as a
 caller times it (its launch included), `gpu` the GPU's own time with the launch hidden, `host` the host's
 microseconds per call. `launches` are one call's and one replay's, counted once per run. `tolerance` is what
-the gate's rule (harness/tune/check/rule.py) gives each mode from the values recorded so far, written for the
-reader; the gate recomputes it. `qwen36 tune` writes run 0 (a re-record starts again);
+the gate's rule gives each mode from the values recorded so far, written by the commands that record a run
+(harness/tune/check/rule.py `with_tolerances`) for the reader; the gate recomputes it. `qwen36 tune` writes run 0 (a re-record starts again);
 `qwen36 tune --check --add-run` appends a passing check's values as another run, so the spread a tolerance is
 sized from comes from separate processes, days and machines, not from one. The GDN layer's rows are recorded as
 path `layer` with the rule path the table gave it (`rule`); the layer's stages are reported, not recorded.
@@ -71,14 +71,6 @@ def _entry(r: Measurement, run_id: int) -> dict:
     return {**entry, "launches": launches} if launches else entry
 
 
-def _with_tolerance(point: dict) -> dict:
-    """The point with each mode's tolerance under the gate's rule, from every value recorded for it."""
-    from ..check.rule import MODES, tolerance  # the rule reads records; records only quote it
-
-    values = {mode: [v for e in point["runs"] for v in e.get(f"{mode}_us") or []] for mode in MODES}
-    return {**point, "tolerance": {mode: round(tolerance(v, mode), 4) for mode, v in values.items() if v}}
-
-
 def new_timings(rows: list[Measurement], method: str, meta: dict) -> dict:
     """Timings holding one run (`meta`, id 0) of the merged rows."""
     return append_run({"method": method, "runs": [], "points": []}, rows, meta)
@@ -96,7 +88,7 @@ def append_run(timings: dict, rows: list[Measurement], meta: dict) -> dict:
             point["rule"] = r.extra["rule"]
         point["runs"].append(_entry(r, meta["id"]))
     return {"method": timings.get("method", ""), "runs": [*timings.get("runs", []), meta],
-            "points": [_with_tolerance(p) for p in points.values()]}
+            "points": list(points.values())}
 
 
 def keep_blocks(old: dict | None, new: dict, measured_blocks: set[str]) -> dict:
