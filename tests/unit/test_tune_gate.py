@@ -2,6 +2,9 @@
 when a table is stale, what the check plans to time from a table, and how runs are recorded and merged."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from harness.tune.check.plan import plan_check, ranking_block
@@ -271,3 +274,44 @@ def test_graphs_are_timed_only_where_the_table_records_graph_times(monkeypatch):
     assert not eager_only.times_graphs(no_graph=False)  # the BI-V100's table: recorded with --no-graph
     assert with_graphs.times_graphs(no_graph=False) and not with_graphs.times_graphs(no_graph=True)
     assert table([]).times_graphs(no_graph=False)  # no record to say otherwise (the A/B takes such a table)
+
+
+# --- the committed tables and the floors they give --------------------------------------------------------------
+
+TABLES = sorted((Path(__file__).resolve().parents[2] / "fixtures" / "dispatch").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", TABLES, ids=lambda p: p.name)
+def test_each_committed_points_tolerance_is_the_rules(path):
+    timings = json.loads(path.read_text()).get("timings")
+    if not timings:
+        pytest.skip(f"{path.name} has no timings")
+    assert timings["points"] == with_tolerances(timings)["points"], (
+        f"{path.name}: a point's `tolerance` is not what the rule gives its values; re-annotate with "
+        "harness.tune.check.rule.with_tolerances")
+
+
+def _second_machine_fails(timings: dict, mode: str, floor: float) -> list[str]:
+    """Points where run 2 (the H100 table's second machine) is slower in every sweep than runs 0 and 1 (the first
+    machine's) allow under the rule with `floor` for `mode`."""
+    out = []
+    for p in timings["points"]:
+        runs = {e["run"]: e.get(f"{mode}_us") or [] for e in p["runs"]}
+        if not (runs.get(0) and runs.get(1) and runs.get(2)):
+            continue
+        first = runs[0] + runs[1]
+        line = max(first) * (1 + max(floor, spread(first)))
+        if all(v > line for v in runs[2]):
+            out.append(f"{p['block']} {p['key']} {p['path']}")
+    return out
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_the_floors_are_the_smallest_the_h100s_second_machine_passes(mode):
+    """docs/tuning.md: each floor is the smallest (in whole percent) under which the H100 table's run from a
+    second machine passes against the first machine's two runs."""
+    timings = json.loads((TABLES[0].parent / "nvidia-h100-80gb-hbm3.json").read_text())["timings"]
+    machines = {r["id"]: r["gpu_uuid"] for r in timings["runs"]}
+    assert machines[0] == machines[1] != machines[2]
+    assert _second_machine_fails(timings, mode, FLOORS[mode]) == []
+    assert _second_machine_fails(timings, mode, FLOORS[mode] - 0.01), "a floor 1 point lower would pass them too"
