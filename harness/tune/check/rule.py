@@ -18,8 +18,8 @@ consecutive violating points.
 second machine's run of the H100 table (2026-12-06, GPU 37b91eac) passed against the first machine's two runs
 (GPU c9dfc996), every point judged: graph replay 14% (a 10 us replay is mostly its launch, which differed by up
 to 13.6% between the machines, gdn_conv T=64), eager 12% (the host's launch cost: fla_chunk prefill differed by
-11.5%). The GPU's own time has no launch in it; its floor, 3%, is the smallest that passes the H100 runs recorded
-with it on two machines (docs/tuning.md gives the figures).
+11.5%). The GPU's own time has no launch in it; its floor, 3%, rests on the replays of 50 us or more, where the
+launch is a small part: the second machine lay at most 1.7% beyond the first's runs there (docs/tuning.md).
 
 **Launches.** One eager call's launches and one replay's (kernels, copies, fills on a GPU; ATen ops and Triton
 launches on a CPU) are exact: any difference from the latest run that counted them is reported, and one more
