@@ -25,6 +25,9 @@ __all__ = ["SideSweeps", "ABVerdict", "judge_ab", "MODES", "AB_FLOORS"]
 
 MODES = ("eager", "graph", "gpu")
 AB_FLOORS = {"gpu": 0.02, "graph": 0.02, "eager": 0.03}
+# The check's launch verdicts (check/rule.py judge_launches), as the A/B names them.
+LAUNCH_STATUS = {"same": "same launches", "more": "more launches", "fewer": "fewer launches",
+                 "changed": "launches changed"}
 FAILING = ("slower", "too-few-sweeps", "wrong", "error", "missing", "more launches", "launches changed")
 
 
@@ -103,11 +106,9 @@ def _judge_launches(block: str, key: int, path: str, head: SideSweeps, ref: Side
                        ("graph launches", head.graph_launches, ref.graph_launches)):
         if not h or not r:
             continue
-        v = judge_launches(block, key, path, mode, r, h)
+        status = LAUNCH_STATUS[judge_launches(block, key, path, mode, r, h).status]
         counts = ", ".join(f"{kind} {r.get(kind, 0)} -> {n}" for kind, n in h.items())
-        out.append(ABVerdict(block, key, path, mode, f"{v.status} launches" if v.status in ("more", "fewer")
-                             else "launches changed" if v.status == "changed" else "same launches",
-                             detail=f"ref -> head: {counts}"))
+        out.append(ABVerdict(block, key, path, mode, status, detail=f"ref -> head: {counts}"))
     return out
 
 

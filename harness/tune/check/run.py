@@ -267,9 +267,6 @@ def _gated_modes(raw: dict, graphs: bool) -> set[str]:
 def _judge_launches(r: Measurement, rp: RecordedPoint | None, verdicts, failures, notes) -> None:
     """Exact launch counts of one call and one replay against the latest run that counted them."""
     for mode, counts in (("eager", r.launches), ("graph", r.graph_launches)):
-        seen = r.extra.get(f"{'launches' if mode == 'eager' else 'graph_launches'}_seen")
-        if seen:
-            failures.append(f"LAUNCHES VARY: {r.block} {r.key} {r.path} ({mode}): counted {seen} in one run")
         if counts is None:
             continue
         v = judge_launches(r.block, r.key, r.path, mode, (rp.launches.get(mode) if rp else None), counts)

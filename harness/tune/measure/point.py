@@ -181,14 +181,19 @@ def _measure(m, call, reset, check, s: Settings) -> None:
     m.host_us = host_us_per_call(call, s.device, host_calls(m.eager.median_us))
     if s.count_launches:
         m.launches = launches_of_call(call, s.device)
-    if not s.graphs:
+    if s.graphs:
+        _replay(m, call, reset, check, s, reps)
+    else:
         m.graph_note = "graphs off" if s.device.type == "cuda" else f"no CUDA graphs on {s.device.type}"
+    if m.gpu is None:  # nothing replayed: the eager call's kernels, launched behind a busy stream
         m.gpu = time_hidden(call, s.device, s.flusher, reps, 1.5 * m.eager.median_us + HIDE_MARGIN_US)
-        return
+
+
+def _replay(m, call, reset, check, s: Settings, reps: int) -> None:
+    """Capture `call`, check a replay's output, time the replays as a caller does and with the launch hidden."""
     graph, why = capture_graph(call, s.device)
     if graph is None:
         m.graph_note = why
-        m.gpu = time_hidden(call, s.device, s.flusher, reps, 1.5 * m.eager.median_us + HIDE_MARGIN_US)
         return
     try:
         reset()

@@ -5,8 +5,7 @@ Each sweep times every path at every point (median of `--reps` samples); `merge_
 all sweeps into one row per (block, point, path) whose time is the median of the sweeps' medians and whose
 `extra` keeps every sweep's median (`eager_sweeps_us`, `graph_sweeps_us`, `gpu_sweeps_us`: the GPU's own time,
 `host_sweeps_us`: host microseconds per call) for the table's timings, and the launches of one call and one replay
-from the sweep that counted them (`launches`, `graph_launches`; two sweeps that counted differently keep both, in
-`launches_seen`, and the gate fails the point: a count is exact or it is not a count).
+from the sweep that counted them (`launches`, `graph_launches`: one sweep of a run counts, the first).
 """
 from __future__ import annotations
 
@@ -61,18 +60,13 @@ def _merge(group: list[Measurement]) -> Measurement:
 
 
 def _counted(group: list[Measurement], field: str) -> dict[str, int] | None:
-    seen = [getattr(r, field) for r in group if getattr(r, field) is not None]
-    return seen[0] if seen else None
+    """`field` ("launches" or "graph_launches") of the sweep that counted, if one did."""
+    return next((getattr(r, field) for r in group if getattr(r, field) is not None), None)
 
 
 def _sweeps_extra(group: list[Measurement]) -> dict:
-    extra = {"sweeps": len(group), **{f"{mode}_sweeps_us": [round(v, 3) for v in sweep_medians(group, mode)]
-                                      for mode in ("eager", "graph", "gpu", "host")}}
-    for field in ("launches", "graph_launches"):
-        seen = [getattr(r, field) for r in group if getattr(r, field) is not None]
-        if any(counts != seen[0] for counts in seen):
-            extra[f"{field}_seen"] = seen
-    return extra
+    return {"sweeps": len(group), **{f"{mode}_sweeps_us": [round(v, 3) for v in sweep_medians(group, mode)]
+                                     for mode in ("eager", "graph", "gpu", "host")}}
 
 
 def merge_sweeps(rows: list[Measurement]) -> list[Measurement]:
