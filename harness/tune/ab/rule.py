@@ -8,9 +8,9 @@ moves every sweep (the gate's rule, harness/tune/check/rule.py, with the referen
 recorded). The tolerance is the point's own noise in this run, the larger spread of either side's sweeps
 ((max - min) / min), or the mode's floor where the sweeps agree more closely than it: both sides share the machine
 and the hour, so only what moves between two processes on it enters the floor. The floors (`AB_FLOORS`): the
-H100 table's two runs on one machine (2026-12-06, two processes, minutes apart) moved the decode step by at most
-0.3% and a 2 ms GPU point by under 1%, so 2% for the GPU's own time and the replay; eager holds the host's cost,
-3%. A wrong output, an error or a path that cannot run on either side fails the point whatever the times say;
+H100 table's two runs on one machine (2026-12-06, two processes, minutes apart) moved the decode step's replay by
+0.07% and its sweeps by at most 0.25%, so 2% for the GPU's own time and the replay; eager holds the host's cost,
+3%, with each side's own sweep spread above it. A wrong output, an error or a path that cannot run on either side fails the point whatever the times say;
 so does head launching more than ref in one call or one replay (counted in the first sweep, exact).
 """
 from __future__ import annotations
