@@ -78,10 +78,12 @@ KIND_SENSITIVE ?= tests/patches tests/perf_gates/test_served_gpu_path_launches.p
 	tests/unit/test_tune_step_blocks.py
 # Those suites as an AVX2-only CPU runs them (an Intel laptop, an AMD Zen 3 CI machine), on a machine with AVX-512 or
 # AMX: every process sees torch's AVX-512/AMX checks answer no (harness/machine/emulate_cpu.py). Their own servers:
-# the session's and the substitution pair, started under the emulation.
+# the session's and the eager substitution pair, started under the emulation. The compiled substitution server is not
+# (compiled_server): its ops are the eager substitutes' code behind one call, which the eager pair runs on this kind,
+# and its compile would add minutes to CI.
 test-avx2: venv
 	$(PY) -m harness.machine.emulate_cpu avx2 -- $(PY) -m harness.suite_session --compared no-cache,moe-on \
-		-- $(PY) -m pytest -n auto --hypothesis-profile=$(HYPOTHESIS_PROFILE) -m "not timing" --durations=$(DURATIONS) \
+		-- $(PY) -m pytest -n auto --hypothesis-profile=$(HYPOTHESIS_PROFILE) -m "not timing and not compiled_server" --durations=$(DURATIONS) \
 		$(PYTEST_ARGS) $(KIND_SENSITIVE)
 
 # No vLLM, so no server to start (no harness.suite_session) and no timing run (its tests measure servers): the

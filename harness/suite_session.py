@@ -34,8 +34,8 @@ from typing import Callable
 
 from harness.serving import shared_server
 from harness.gates.reference import prune_worktrees
-from harness.gates.servers import (MOE_ON, NO_CACHE, REFERENCE, TWIN, acquire_compared, acquire_reference,
-                                   warm_for_gates)
+from harness.gates.servers import (MOE_ON, MOE_ON_COMPILED, NO_CACHE, REFERENCE, TWIN, acquire_compared,
+                                   acquire_reference, warm_for_gates)
 from harness.serving.health import dead_server_reports
 from harness.serving.shared_server import OWNER_ENV, SESSION, STATE_ENV, ServerInfo
 
@@ -65,7 +65,7 @@ Start = Callable[[Path], tuple]  # state_dir -> (ManagedServer, model_dir), as s
 Then = Callable[[Path, ServerInfo], object]  # what to start once the session's server is up
 
 
-PARALLEL_RUN_SERVERS = (NO_CACHE, MOE_ON)
+PARALLEL_RUN_SERVERS = (NO_CACHE, MOE_ON, MOE_ON_COMPILED)
 TIMING_RUN_SERVERS = (TWIN, REFERENCE)
 
 

@@ -13,6 +13,9 @@ on the same machine (harness.gates.interleave, harness.gates.paired), so the mac
   served blocks (residual add + RMSNorm, gated RMSNorm, the GDN decode layer, the whole MoE block on odd layers)
   forced to the model's paths where the CPU has no table (QWEN36_SERVED_BLOCKS_FORCE=1), so every seam adapter
   runs: the substitution tests' "on" side.
+- `moe-on-compiled`: `moe-on` compiled, as vLLM serves by default (no --enforce-eager: torch.compile, which the
+  served blocks pass through as opaque ops, patches/model_paths/served_ops.py): the substitution tests' compiled
+  "on" side, against the same eager "off".
 - `reference`: the performance reference commit's own server (harness.gates.reference), for the slower-commit
   gate.
 
@@ -55,6 +58,7 @@ SERVER_GIB = 3.5
 TWIN = "twin"
 NO_CACHE = "no-cache"
 MOE_ON = "moe-on"
+MOE_ON_COMPILED = "moe-on-compiled"
 REFERENCE = "reference"
 
 # The patch set's compute substitution switches (patches/catalog.py), on in the moe-on server: the routed experts,
@@ -68,7 +72,9 @@ SERVED_FORCE = "QWEN36_SERVED_BLOCKS_FORCE"
 SUBSTITUTIONS_ON = ((MOE_SWITCH, "1"), (ROUTER_SWITCH, "1"), (SERVED_NORMS_SWITCH, "1"), (SERVED_GDN_SWITCH, "1"),
                     (SERVED_MOE_SWITCH, "1"), (SERVED_FORCE, "1"))
 # Prefix caching off; eager, which a count of cached tokens cannot see and which spares the start torch.compile.
-NO_CACHE_ARGS = ("--no-enable-prefix-caching", "--enforce-eager")
+EAGER = "--enforce-eager"
+NO_CACHE_ARGS = ("--no-enable-prefix-caching", EAGER)
+COMPILED_NO_CACHE_ARGS = tuple(a for a in NO_CACHE_ARGS if a != EAGER)
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,7 @@ COMPARED: tuple[ComparedServer, ...] = (
     # Both answer only requests with the session's key (vLLM's --api-key): what a client's --api-key is tested on.
     ComparedServer(NO_CACHE, NO_CACHE_ARGS, keyed=True, profiled=True),
     ComparedServer(MOE_ON, NO_CACHE_ARGS, env=SUBSTITUTIONS_ON, keyed=True, profiled=True),
+    ComparedServer(MOE_ON_COMPILED, COMPILED_NO_CACHE_ARGS, env=SUBSTITUTIONS_ON, keyed=True, profiled=True),
 )
 
 

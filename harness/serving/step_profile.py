@@ -50,6 +50,14 @@ _KIND_OF_CLASS = (
     ("attention", re.compile(r"Attention|Rotary")),
 )
 _MODULE_EVENT = re.compile(r"^nn\.Module: (\w+?)_\d+$")
+# The served blocks' opaque ops (patches/model_paths/served_ops.py), which a compiled server calls in place of the
+# substitutes' Python: not counted themselves, and not an operator holding others, so the plugin's calls inside them
+# count as the eager server's do; the op names the block kind (a compiled graph records no module events).
+SERVED_OP = re.compile(r"^qwen36::served_(\w+)$")
+_KIND_OF_SERVED_OP = {"add_rms_norm": "norm", "gated_norm": "norm", "gdn_layer": "gdn", "moe_block": "moe"}
+# torch.compile's record_function markers, which the profiler files as cpu_op (`## Call CompiledFxGraph <hash> ##`
+# around a compiled graph's run): markers, not operators, so neither counted nor holding what runs inside them.
+_MARKER = re.compile(r"^## .* ##$")
 # Python frames as the profiler names them (`model/moe/router.py(82): route_topk_softmax`): the plugin's own code, and
 # vLLM's. Any other frame (torch's, the standard library's, a built-in call) is passed through to its caller.
 PLUGIN_FRAMES = ("model/", "patches/")
@@ -73,7 +81,7 @@ def computes(op: str) -> bool:
     """Whether a traced operator (`aten::mm`, `_C::onednn_mm`) is counted as work: not the profiler's own, not a bare
     allocation, not an ATen op whose schema may return its input itself (a view, `reshape`, `contiguous`, `to`)."""
     namespace, _, name = op.partition("::")
-    if namespace == "profiler":
+    if namespace == "profiler" or _MARKER.match(op):
         return False
     if namespace != "aten":
         return True
@@ -170,7 +178,12 @@ def _plugin_calls(step: dict, events: list[dict]) -> Counter:
         e_end = e["ts"] + e["dur"]
         while stack and stack[-1][0] < e_end:
             open_ops -= stack.pop()[1]["cat"] == "cpu_op"
-        if e["cat"] == "cpu_op":
+        served = SERVED_OP.match(e["name"]) if e["cat"] == "cpu_op" else None
+        if served:  # transparent (SERVED_OP): its kind and owner for the calls inside it
+            e = {**e, "cat": "served_op", "kind": _KIND_OF_SERVED_OP.get(served.group(1), "other"), "owner": None}
+        elif e["cat"] == "cpu_op" and _MARKER.match(e["name"]):
+            e = {**e, "cat": "marker"}
+        elif e["cat"] == "cpu_op":
             if not open_ops and computes(e["name"]):
                 owner = next((o for o in (x.get("owner") for _, x in reversed(stack)) if o), None)
                 if owner == "plugin":

@@ -14,9 +14,9 @@ Rule (per device, never blind):
 - `QWEN36_SERVED_BLOCKS_FORCE=1` (tests; patches.settings reads it): where the table would leave vLLM's own, the
   model's own serving choice for the block serves instead (its dispatcher's default on this device), so every seam
   adapter runs on a CPU server where vLLM's C++ kernels may well be the faster ones.
-Under torch.compile tracing (a server without --enforce-eager) vLLM's own serves, decided by each substitute before
-it asks here: a choice made while tracing would be frozen into the graph for every later token count, and vLLM traces
-its model before it binds the layers' state caches. The platform and CI's substitution servers run eager.
+A compiled server (no --enforce-eager) asks here at run time too: traced, each substitute is one opaque op
+(patches/model_paths/served_ops.py) whose call runs the same eager code, so no choice is frozen into a graph; only
+`may_serve`, fixed for a process, is a constant of the graph.
 
 A log line marks the first call each (block, path) serves, and the first time a block leaves vLLM's own in place
 with the reason, so a server's log says what ran. `SERVED` counts the calls (tests read it in-process).
@@ -130,7 +130,7 @@ class BlockServing:
         return answer
 
     def path(self, key: int, num_tokens: int, device: torch.device, dtype: torch.dtype) -> str | None:
-        """Callers check torch.compiler.is_compiling() first and keep vLLM's own then (module docstring)."""
+        """Asked at run time only (eagerly, or inside a served op), never while Dynamo traces (module docstring)."""
         question = (_State.generation, key, num_tokens, device, dtype)
         answer = self._answers.get(question)
         if answer is None:

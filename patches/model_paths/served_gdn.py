@@ -47,6 +47,7 @@ from model.gdn.staged import staged_core
 from ..core import oot
 from ..core.registry import Patch
 from ..core.seams import signature_problem
+from . import served_ops
 from .served_choice import BlockServing, configure, serving_device, table_rows_detail
 
 __all__ = ["PATCH", "SWITCH", "BLOCKS", "DECODE", "SERVABLE", "recurrent_as_kv", "served_class", "uninstall"]
@@ -60,6 +61,8 @@ METADATA_MODULE = "vllm.v1.attention.backends.gdn_attn"
 # What the adapter reads of this step's GDN metadata (_decode_only, _served_decode).
 METADATA_FIELDS = ("num_prefills", "num_decodes", "num_decode_tokens", "num_actual_tokens", "spec_sequence_masks",
                    "num_accepted_tokens", "non_spec_state_indices_tensor")
+# Where the status row says it serves: the mode (eager, compiled, CUDA graphs) is the server's, logged at model build.
+MODES = f"eager: direct calls; compiled: the op {served_ops.GDN_OP}"
 SERVABLE = ("staged", "triton")  # the decode-layer paths this adapter runs (the reference is a test's)
 
 BLOCKS = ("gdn_layer_decode",)  # the dispatch-table blocks this patch serves
@@ -130,10 +133,24 @@ def served_class() -> tuple[type, type]:
     class ServedQwenGatedDeltaNet(in_tree):
         """vLLM's GDN layer; a decode-only step by the table's model path over vLLM's own state."""
 
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            served_ops.name_layer(self, DECODE.block)
+            mode = served_ops.log_mode_once(DECODE.block, lambda: served_ops.who_serves(DECODE, serving_device()))
+            # A mode that would freeze the op's choice into a graph (served_ops.mode_problem) keeps vLLM's own.
+            self._qwen36_traced_op = mode is None or served_ops.mode_problem(DECODE.block, mode) is None
+
         def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-            # Traced by torch.compile (a server without --enforce-eager): vLLM's own, decided before anything of
-            # ours runs (the profiling run traces the model before vLLM has bound the layer's state cache).
-            if torch.compiler.is_compiling() or not DECODE.may_serve(hidden_states.device, hidden_states.dtype):
+            if not torch.compiler.is_compiling():
+                return self._qwen36_eager(hidden_states)
+            # Traced (a compiled server): one opaque op that reads this step's metadata and chooses at run time
+            # (served_ops); nothing of the layer's state is read while tracing (vLLM binds the caches later).
+            if self._qwen36_traced_op and served_ops.serves_here(DECODE, hidden_states.device, hidden_states.dtype):
+                return served_ops.served_gdn_layer(hidden_states, self._qwen36_op_name)
+            return super().forward(hidden_states)
+
+        def _qwen36_eager(self, hidden_states: torch.Tensor) -> torch.Tensor:
+            if not DECODE.may_serve(hidden_states.device, hidden_states.dtype):
                 return super().forward(hidden_states)
             meta = _decode_only(self)
             name = self._decode_path(meta, hidden_states) if meta is not None else None
@@ -254,8 +271,9 @@ def install(settings) -> str:
     oot.register(*served_class())
     device = serving_device()
     triton_note = "" if triton_decode_layer is not None else "; no Triton here: `triton` rows leave vLLM's"
+    splitting = served_ops.register_splitting_op()
     return (f"registry: {SEAM_CLASS}, decode-only steps (gdn_layer_decode: {table_rows_detail('gdn_layer_decode', device)})"
-            f" on {device}; prefill and mixed steps vLLM's" + triton_note
+            f" on {device}; prefill and mixed steps vLLM's" + triton_note + f"; {MODES}; {splitting}"
             + ("; forced: the model's path where the table leaves vLLM's" if settings.served_force else ""))
 
 

@@ -47,6 +47,7 @@ from ..core import oot
 from ..core.registry import Patch
 from ..core.seams import signature_problem
 from .moe_router import router_name_for, routing_problem
+from . import served_ops
 from .served_choice import BlockServing, configure, forced, serving_device, table_rows_detail
 
 __all__ = ["PATCH", "SWITCH", "BLOCKS", "BLOCK", "served_class", "block_problem", "uninstall"]
@@ -119,6 +120,8 @@ def served_class() -> tuple[type, type]:
                 device, dtype = self._qwen36_device_dtype()
                 if BLOCK.may_serve(device, dtype) and block_problem(self) is None:
                     self._qwen36_kept = tuple(getattr(module, name) for module, name in self._qwen36_sources())
+                    served_ops.name_layer(self, BLOCK.block)
+                served_ops.log_mode_once(BLOCK.block, lambda: served_ops.who_serves(BLOCK, device))
 
         def _qwen36_sources(self) -> tuple[tuple[torch.nn.Module, str], ...]:
             """Where vLLM holds each weight the block reads: (module, parameter name), in MoEWeights' order."""
@@ -149,8 +152,16 @@ def served_class() -> tuple[type, type]:
             return device, self.moe_config.in_dtype
 
         def forward(self, hidden_states, router_logits, input_ids=None, shared_experts_input=None):
-            # Traced by torch.compile: vLLM's own (served_choice's module docstring).
-            if (not torch.compiler.is_compiling() and shared_experts_input is None and self._qwen36_kept is not None
+            if not torch.compiler.is_compiling():
+                return self._qwen36_eager(hidden_states, router_logits, input_ids, shared_experts_input)
+            # Traced (a compiled server): one opaque op that chooses per call at run time (served_ops).
+            if (input_ids is None and shared_experts_input is None and self._qwen36_kept is not None
+                    and hidden_states.dim() == 2):
+                return served_ops.served_moe_block(hidden_states, router_logits, self._qwen36_op_name)
+            return super().forward(hidden_states, router_logits, input_ids, shared_experts_input)
+
+        def _qwen36_eager(self, hidden_states, router_logits, input_ids=None, shared_experts_input=None):
+            if (shared_experts_input is None and self._qwen36_kept is not None
                     and hidden_states.dim() == 2 and hidden_states.shape[0] <= FUSED_BLOCK_MAX_TOKENS
                     and not (forced() and self.layer_id % 2 == 0)):
                 tokens = hidden_states.shape[0]
@@ -208,7 +219,7 @@ def install(settings) -> str:
     return (f"registry: {SEAM_CLASS} (router, routed experts and gated shared expert), T<={FUSED_BLOCK_MAX_TOKENS} "
             f"(moe_block: {table_rows_detail('moe_block', device)}) on {device}; larger T vLLM's"
             + ("; forced: the model's path on odd layers where the table leaves vLLM's" if settings.served_force
-               else ""))
+               else "") + f"; eager: direct calls; compiled: the op {served_ops.OPS['moe_block']}")
 
 
 def uninstall() -> None:

@@ -25,6 +25,7 @@ from model.norm.rms_norm import ADD_RMS_NORM_PATHS, GATED_NORM_PATHS, select_add
 
 from ..core import oot
 from ..core.registry import Patch
+from . import served_ops
 from .served_choice import BlockServing, configure, serving_device, table_rows_detail
 
 __all__ = ["PATCH", "SWITCH", "BLOCKS", "ADD_NORM", "GATED_NORM", "served_classes", "uninstall"]
@@ -37,6 +38,14 @@ BLOCKS = ("add_rms_norm", "gdn_gated_norm")  # the dispatch-table blocks this pa
 
 ADD_NORM = BlockServing("add_rms_norm", ADD_RMS_NORM_PATHS, select_add_rms_norm_path)
 GATED_NORM = BlockServing("gdn_gated_norm", GATED_NORM_PATHS, select_gated_norm_path)
+
+
+def _adds_residual(x: torch.Tensor, residual: torch.Tensor | None) -> bool:
+    return residual is not None and residual.dtype == x.dtype and residual.shape == x.shape
+
+
+def _who(serving, weight: torch.Tensor) -> str:
+    return served_ops.who_serves(serving, serving_device() if weight.device.type != "cpu" else weight.device)
 
 
 def _rows(x: torch.Tensor) -> int:
@@ -54,11 +63,21 @@ def served_classes() -> dict[str, tuple[type, type]]:
     class ServedGemmaRMSNorm(GemmaRMSNorm):
         """vLLM's GemmaRMSNorm; with a residual, the residual add + RMSNorm by the table's model path."""
 
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            served_ops.name_layer(self, ADD_NORM.block)
+            served_ops.log_mode_once(ADD_NORM.block, lambda: _who(ADD_NORM, self.weight))
+
         def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-            # Traced by torch.compile (a server without --enforce-eager): vLLM's own, decided before anything of
-            # ours runs, so the graph holds vLLM's forward and none of our bookkeeping.
-            if (not torch.compiler.is_compiling() and residual is not None and residual.dtype == x.dtype
-                    and residual.shape == x.shape and ADD_NORM.may_serve(x.device, x.dtype)):
+            if not torch.compiler.is_compiling():
+                return self._qwen36_eager(x, residual)
+            # Traced (a compiled server): one opaque op that chooses per call at run time (served_ops).
+            if _adds_residual(x, residual) and served_ops.serves_here(ADD_NORM, x.device, x.dtype):
+                return served_ops.served_add_rms_norm(x, residual, self._qwen36_op_name)
+            return super().forward(x, residual)
+
+        def _qwen36_eager(self, x: torch.Tensor, residual: torch.Tensor | None):
+            if _adds_residual(x, residual) and ADD_NORM.may_serve(x.device, x.dtype):
                 rows = _rows(x)
                 name = ADD_NORM.path(rows, rows, x.device, x.dtype)
                 if name is not None:
@@ -69,9 +88,21 @@ def served_classes() -> dict[str, tuple[type, type]]:
     class ServedRMSNormGated(RMSNormGated):
         """vLLM's RMSNormGated; the model's gated norm (`w * rms_norm(x) * silu(z)`) by the table's model path."""
 
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            served_ops.name_layer(self, GATED_NORM.block)
+            served_ops.log_mode_once(GATED_NORM.block, lambda: _who(GATED_NORM, self.weight))
+
         def forward(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
-            if (not torch.compiler.is_compiling() and z is not None and self._model_computes_this(x, z)
-                    and GATED_NORM.may_serve(x.device, x.dtype)):
+            if not torch.compiler.is_compiling():
+                return self._qwen36_eager(x, z)
+            if (z is not None and self._model_computes_this(x, z)
+                    and served_ops.serves_here(GATED_NORM, x.device, x.dtype)):
+                return served_ops.served_gated_norm(x, z, self._qwen36_op_name)
+            return super().forward(x, z)
+
+        def _qwen36_eager(self, x: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor:
+            if z is not None and self._model_computes_this(x, z) and GATED_NORM.may_serve(x.device, x.dtype):
                 rows = _rows(x)
                 name = GATED_NORM.path(rows, rows, x.device, x.dtype)
                 if name is not None:
@@ -101,7 +132,9 @@ def install(settings) -> str:
     device = serving_device()
     return (f"registry: GemmaRMSNorm with a residual (add_rms_norm: {table_rows_detail('add_rms_norm', device)}), "
             f"RMSNormGated (gdn_gated_norm: {table_rows_detail('gdn_gated_norm', device)}) on {device}"
-            + ("; forced: the model's path where the table leaves vLLM's" if settings.served_force else ""))
+            + ("; forced: the model's path where the table leaves vLLM's" if settings.served_force else "")
+            + f"; eager: direct calls; compiled: the ops {served_ops.OPS['add_rms_norm']}, "
+              f"{served_ops.OPS['gdn_gated_norm']}")
 
 
 def uninstall() -> None:

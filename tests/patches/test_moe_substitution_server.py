@@ -53,8 +53,8 @@ import httpx
 import pytest
 
 from harness.gates.servers import (
-    MOE_ON, MOE_SWITCH, NO_CACHE, ROUTER_SWITCH, SERVED_FORCE, SERVED_GDN_SWITCH, SERVED_MOE_SWITCH,
-    SERVED_NORMS_SWITCH, SUBSTITUTIONS_ON, by_name, exclusive,
+    EAGER, MOE_ON, MOE_ON_COMPILED, MOE_SWITCH, NO_CACHE, ROUTER_SWITCH, SERVED_FORCE, SERVED_GDN_SWITCH,
+    SERVED_MOE_SWITCH, SERVED_NORMS_SWITCH, SUBSTITUTIONS_ON, by_name, exclusive,
 )
 from patches.core.registry import PatchState, PatchStatus, format_table
 from patches.model_paths import moe_experts, moe_router, served_gdn, served_moe, served_norms
@@ -166,14 +166,29 @@ def _without_port(command: str) -> list[str]:
     return parts
 
 
-def test_the_on_server_is_the_off_server_with_the_substitution_switches():
+def test_the_on_servers_are_the_off_server_with_the_substitution_switches_compiled_or_not():
     assert MOE_SWITCH == moe_experts.PATCH.switch and ROUTER_SWITCH == moe_router.PATCH.switch
     assert SERVED_NORMS_SWITCH == served_norms.PATCH.switch and SERVED_GDN_SWITCH == served_gdn.PATCH.switch
     assert SERVED_MOE_SWITCH == served_moe.PATCH.switch
     assert SERVED_FORCE == SERVED_FORCE_ENV
-    on, off = by_name(MOE_ON), by_name(NO_CACHE)
-    assert dict(on.env) == dict(SUBSTITUTIONS_ON) and set(dict(on.env).values()) == {"1"} and not off.env
-    assert on.extra_args == off.extra_args and on.keyed == off.keyed
+    on, compiled, off = by_name(MOE_ON), by_name(MOE_ON_COMPILED), by_name(NO_CACHE)
+    for server in (on, compiled):
+        assert dict(server.env) == dict(SUBSTITUTIONS_ON) and set(dict(server.env).values()) == {"1"}
+        assert server.keyed == off.keyed and server.profiled == off.profiled
+    assert not off.env and on.extra_args == off.extra_args and EAGER in off.extra_args
+    assert compiled.extra_args == tuple(a for a in off.extra_args if a != EAGER)
+
+
+def on_server_params():
+    """The eager "on" server and the compiled one (vLLM's default mode), each against the same eager "off"."""
+    return [pytest.param(MOE_ON, id="eager"),
+            pytest.param(MOE_ON_COMPILED, id="compiled", marks=pytest.mark.compiled_server)]
+
+
+def mode_of_log(log: str) -> dict[str, str]:
+    """block -> the mode its `qwen36 served <block> in this server's mode, <mode> (...)` line names."""
+    return dict(re.findall(r"qwen36 served (\w+) in this server's mode, (eager|compiled with CUDA graphs|compiled) \(",
+                           log))
 
 
 # `qwen36 served <block>: model path <path>` (patches/model_paths/served_choice.py), first call of each.
@@ -189,13 +204,15 @@ SERVED_ON_THIS_CPU = {"add_rms_norm": "fused", "gdn_gated_norm": "fused", "gdn_l
 ONE_STEP_TOKENS = 16
 
 
-def test_moe_substitution_on_gives_the_same_greedy_outputs_as_off(compared_servers):
-    on_server, off_server = compared_servers[MOE_ON], compared_servers[NO_CACHE]
+@pytest.mark.parametrize("on_name", on_server_params())
+def test_moe_substitution_on_gives_the_same_greedy_outputs_as_off(compared_servers, on_name):
+    on_server, off_server = compared_servers[on_name], compared_servers[NO_CACHE]
     off_state = moe_state_in_log(Path(off_server.log_path).read_text(errors="replace"))
     assert off_state is not None, f"no moe_experts row in the off server's log {off_server.log_path}"
     if off_state != PatchState.OFF.value:
         pytest.skip(f"the off server's MoE substitution is {off_state}, not off (is {MOE_SWITCH} set?)")
-    assert sorted(_without_port(off_server.command)) == sorted(_without_port(on_server.command))
+    on_command = _without_port(on_server.command)
+    assert sorted(_without_port(off_server.command)) == sorted(on_command + ([EAGER] if EAGER not in on_command else []))
     with exclusive(off_server):
         off = greedy(off_server.base_url, off_server.model, off_server.api_key)
         off_together = greedy_together(off_server.base_url, off_server.model, off_server.api_key)
@@ -211,6 +228,9 @@ def test_moe_substitution_on_gives_the_same_greedy_outputs_as_off(compared_serve
     assert "first call on path 'sorted'" in on_log
     served = dict(SERVED_LOG.findall(on_log))
     assert served == SERVED_ON_THIS_CPU, f"served blocks in {on_server.log_path}: {served}"
+    mode = "eager" if EAGER in on_command else "compiled"  # the CPU build captures no CUDA graphs
+    assert mode_of_log(on_log) == dict.fromkeys(SERVED_ON_THIS_CPU, mode), (
+        f"the mode lines in {on_server.log_path}: {mode_of_log(on_log)}")
 
     for label, a, b in (("one at a time", on, off), ("together", on_together, off_together)):
         problems, partings, diffs = compare(a, b)
@@ -226,9 +246,10 @@ def test_moe_substitution_on_gives_the_same_greedy_outputs_as_off(compared_serve
             f"{P90_LOGPROB_TOL} (the unmutated pair's: 0.0040; a mis-mapped shared expert's: 0.016)")
 
 
-def test_the_on_server_routed_by_model_moe(compared_servers):
+@pytest.mark.parametrize("on_name", on_server_params())
+def test_the_on_server_routed_by_model_moe(compared_servers, on_name):
     """vLLM routes at start (its profiling run), so the line is there before any request."""
-    on_server = compared_servers[MOE_ON]
+    on_server = compared_servers[on_name]
     log = Path(on_server.log_path).read_text(errors="replace")
     states = "|".join(re.escape(s.value) for s in PatchState)
     row = re.search(rf"\bmoe_router\s+({states})\s", log)

@@ -134,7 +134,29 @@ def test_the_plugins_own_calls_are_the_top_level_ops_of_its_frames_by_kind(tmp_p
     assert counts["gdn"] == 2 * 7 and counts["other"] == 1  # the whole step's count holds everything
 
 
+def compiled_served_gdn_layer(ts: float) -> list[dict]:
+    """The same call in a compiled server: no module event (Dynamo inlined the module), the served op around it, and
+    the torch.library wrapper's frames between the op and the plugin's."""
+    inner = [e for e in served_gdn_layer(ts) if not e["name"].startswith("nn.Module")]
+    return [event("cpu_op", "## Call CompiledFxGraph fabc123 ##", ts - 1, 102),  # torch.compile's marker
+            event("cpu_op", "qwen36::served_gdn_layer", ts, 100),
+            frame("torch/_library/custom_ops.py(300): __call__", ts + 0.5, 99), *inner]
+
+
+def test_in_a_compiled_server_the_plugins_calls_inside_a_served_op_count_as_in_an_eager_one(tmp_path):
+    eager = [event("user_annotation", "execute_context_0(0)_generation_1(1)", 0, 1000)] + served_gdn_layer(10)
+    compiled = [event("user_annotation", "execute_context_0(0)_generation_1(1)", 0, 1000)]
+    compiled += compiled_served_gdn_layer(10)
+    plugin = decode_step_counts([write(tmp_path, eager, "eager.json.gz")], batch=1).as_json()["plugin"]
+    assert plugin == decode_step_counts([write(tmp_path, compiled, "compiled.json.gz")], batch=1).as_json()["plugin"]
+    assert plugin["gdn"] == 2
+    # Any other operator holding the plugin's calls still hides them (one call of vLLM's own op counts as vLLM's).
+    held = [{**e, "name": "vllm::moe_forward"} if e["name"] == "qwen36::served_gdn_layer" else e for e in compiled]
+    assert decode_step_counts([write(tmp_path, held, "held.json.gz")], batch=1).as_json()["plugin"]["total"] == 0
+
+
 def test_what_computes_is_told_by_the_op_schema():
     assert computes("aten::mm") and computes("aten::index_select") and computes("_C::onednn_mm")
     assert not computes("aten::transpose") and not computes("aten::to") and not computes("aten::reshape")
     assert not computes("aten::empty") and not computes("profiler::_record_function_enter_new")
+    assert not computes("## Call CompiledFxGraph fabc123 ##")
