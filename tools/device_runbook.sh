@@ -20,6 +20,8 @@
 #   launchmutant a copy of the tree whose served MoE block gains one launch (its output times 1.0, one elementwise
 #                kernel), then --check and --ab (ref: this tree) there
 #   abnull       --ab of this tree against an unchanged copy of it: what an A/B of identical code reports
+#   opsstep      `qwen36 tune step` at B = 1, 8 (STEP_BATCHES=) with the committed table for this GPU: the direct step
+#                and the step through the served ops (eager, static eager, graph replay), report under $R/opsstep
 set -u -o pipefail
 R=${R:-/tmp/res}; mkdir -p "$R" .devrun
 export PYTHONUNBUFFERED=1
@@ -43,6 +45,9 @@ for stage in "$@"; do
     record)
       timeout 420 python3 -m harness.tune --no-progress --table-dir "$R/table" --report-dir "$R/tune" 2>&1 | tail -60
       mkdir -p .devrun/table && cp "$R"/table/*.json .devrun/table/ ;;
+    opsstep)
+      timeout ${TS:-420} python3 -m harness.tune step --step-batches ${STEP_BATCHES:-1,8} --no-progress \
+        --report-dir "$R/opsstep" 2>&1 | tail -40 ;;
     check)
       timeout 300 python3 -m harness.tune --check --table "$TABLE" --no-progress --report-dir "$R/check" 2>&1 | tail -40 ;;
     step)

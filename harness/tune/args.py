@@ -67,6 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and the GPU perf gate sizes each point's tolerance from how far they differ")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls first (compilation, autotuning)")
     p.add_argument("--no-graph", action="store_true", help="eager timing only (CUDA graphs are never used on a CPU)")
+    p.add_argument("--no-through-ops", action="store_true",
+                   help="step: leave out the step with the served blocks called through the plugin's ops (the calls "
+                        "a compiled vLLM makes), timed beside the direct one")
     p.add_argument("--select-by", choices=("auto", "graph", "eager"), default="auto",
                    help="how the table ranks paths: auto = graph replay where the platform has graphs; "
                         "eager for a server run with --enforce-eager")

@@ -10,7 +10,10 @@ write their state into preallocated buffers in place and take positions from a d
 CUDA graph can capture (model/qwen36/static_step.py).
 Which registered path each block runs is chosen by `Qwen36Paths`; the default is the serving dispatch.
 `forward(..., trace=...)` runs each block inside `trace(kind)` (kinds: TRACE_KINDS), for a profiler that
-times blocks without a copy of this loop; without it nothing is wrapped.
+times blocks without a copy of this loop; without it nothing is wrapped. A model built with `call_blocks` calls the
+blocks BLOCK_CALLS names through what it returns for each (`call_blocks(name, fn) -> fn'`, same arguments and
+results): a caller's own calling convention around the same blocks (the harness calls them through the plugin's
+served ops), in every step this model runs, static and captured ones included.
 
 The residual add and the norm after it are one call of model.norm.rms_norm.ADD_RMS_NORM_PATHS (`h, x = add_norm(h, y)`),
 so a path can do both in one kernel; the `fused` path is the two as before, bit for bit.
@@ -33,13 +36,18 @@ from ..norm.rms_norm import ADD_RMS_NORM_PATHS, RMS_NORM_PATHS, select_add_rms_n
 from .static_cache import StaticDecodeCache
 from .weights import DenseMLPWeights, Qwen36Weights
 
-__all__ = ["Qwen36Paths", "Qwen36Cache", "Qwen36Model", "TRACE_KINDS"]
+__all__ = ["Qwen36Paths", "Qwen36Cache", "Qwen36Model", "TRACE_KINDS", "BLOCK_CALLS"]
 
 # The block kinds `forward` names to its `trace`: the input embedding, every RMSNorm between blocks with the
 # residual add before it (two per layer and the final one; q/k norms and the GDN gated norm belong to their
 # mixer), the two mixers, the sparse MoE block or a dense MLP, and the lm_head.
 TRACE_KINDS = ("embed", "norm", "gdn", "attention", "moe", "mlp", "lm_head")
 Trace = Callable[[str], ContextManager]
+# The block functions `call_blocks` is asked for, by name: the residual add + RMSNorm between blocks
+# (h, y, weight, eps) -> (h + y, normed), the GDN layer (x, weights, state, **paths) -> (y, state), the MLP or MoE
+# block (x, weights) -> y, the attention layer (x, weights, cache, **paths) -> (y, cache).
+BLOCK_CALLS = ("add_rms_norm", "gdn", "mlp", "attention")
+CallBlocks = Callable[[str, Callable], Callable]
 
 
 @dataclass(frozen=True)
@@ -96,10 +104,12 @@ class Qwen36Cache:
 
 
 class Qwen36Model:
-    def __init__(self, weights: Qwen36Weights, paths: Qwen36Paths | None = None):
+    def __init__(self, weights: Qwen36Weights, paths: Qwen36Paths | None = None,
+                 call_blocks: CallBlocks | None = None):
         self.weights = weights
         self.config = weights.config
         self.paths = Qwen36Paths() if paths is None else paths
+        self.call_blocks = call_blocks  # module docstring; None: each block called directly
 
     def new_cache(self) -> Qwen36Cache:
         return Qwen36Cache(layers=(None,) * self.config.num_hidden_layers)
@@ -146,6 +156,10 @@ class Qwen36Model:
         else:
             gdn, attention = gdn_layer, _dynamic_attention
         embed, mlp, lm_head = F.embedding, self._mlp, F.linear
+        if self.call_blocks is not None:
+            call = self.call_blocks
+            add_norm, gdn, mlp, attention = (call("add_rms_norm", add_norm), call("gdn", gdn), call("mlp", mlp),
+                                             call("attention", attention))
         if trace is not None:  # each block inside trace(kind); without a trace nothing is wrapped
             rms, add_norm = _traced(trace, "norm", rms), _traced(trace, "norm", add_norm)
             embed, lm_head = _traced(trace, "embed", embed), _traced(trace, "lm_head", lm_head)

@@ -50,7 +50,8 @@ from ..core.seams import signature_problem
 from . import served_ops
 from .served_choice import BlockServing, configure, serving_device, table_rows_detail
 
-__all__ = ["PATCH", "SWITCH", "BLOCKS", "DECODE", "SERVABLE", "recurrent_as_kv", "served_class", "uninstall"]
+__all__ = ["PATCH", "SWITCH", "BLOCKS", "DECODE", "SERVABLE", "fused_core", "recurrent_as_kv", "served_class",
+           "uninstall"]
 
 SWITCH = "QWEN36_PATCH_SERVED_GDN"
 SEAM_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
@@ -90,6 +91,16 @@ class _CoreWeights:
     dt_bias: torch.Tensor
     norm: torch.Tensor
     dims: GDNDims
+
+
+def fused_core(mixed_qkv, z, b, a, weights, conv_cache, recurrent_cache, rows) -> torch.Tensor:
+    """The fused kernel over [q | k | v | z | b | a] rows, advancing rows `rows` of the caches (conv [slots, dim,
+    W-1], recurrent [slots, HV, K, V] float32) in place: no gather, no scatter. The served `triton` path; no vLLM
+    needed (the GPU tests call it)."""
+    batch = mixed_qkv.shape[0]
+    proj = torch.cat([mixed_qkv, z.reshape(batch, -1), b, a], dim=-1)
+    cache = GDNState(conv=conv_cache, recurrent=recurrent_cache)
+    return triton_decode_layer.fused_decode_core(proj, weights, cache, cache, rows)
 
 
 def _decode_only(layer):
@@ -233,12 +244,7 @@ def served_class() -> tuple[type, type]:
             return normed.reshape(batch, -1)
 
         def _core_triton(self, mixed_qkv, z, b, a, conv_cache, recurrent_cache, rows) -> torch.Tensor:
-            """The fused kernel over [q | k | v | z | b | a] rows, advancing rows `rows` of the caches in place (no
-            gather, no scatter)."""
-            batch = mixed_qkv.shape[0]
-            proj = torch.cat([mixed_qkv, z.reshape(batch, -1), b, a], dim=-1)
-            cache = GDNState(conv=conv_cache, recurrent=recurrent_cache)
-            return triton_decode_layer.fused_decode_core(proj, self._core_weights(), cache, cache, rows)
+            return fused_core(mixed_qkv, z, b, a, self._core_weights(), conv_cache, recurrent_cache, rows)
 
     return in_tree, ServedQwenGatedDeltaNet
 

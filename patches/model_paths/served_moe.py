@@ -50,7 +50,7 @@ from .moe_router import router_name_for, routing_problem
 from . import served_ops
 from .served_choice import BlockServing, configure, forced, serving_device, table_rows_detail
 
-__all__ = ["PATCH", "SWITCH", "BLOCKS", "BLOCK", "served_class", "block_problem", "uninstall"]
+__all__ = ["PATCH", "SWITCH", "BLOCKS", "BLOCK", "block_by_table", "served_class", "block_problem", "uninstall"]
 
 SWITCH = "QWEN36_PATCH_SERVED_MOE"
 SEAM_MODULE = "vllm.model_executor.layers.fused_moe.runner.moe_runner"
@@ -74,6 +74,19 @@ class _Runtime:
     config = None  # model.moe.MoEConfig (the knobs), set at install
     logged_skip = False
     logged_copies = False
+
+
+def block_by_table(hidden_states: torch.Tensor, weights_for) -> torch.Tensor | None:
+    """The block's output (this rank's partial sum) by the model path the table (or forcing) chooses for this call of
+    T <= FUSED_BLOCK_MAX_TOKENS tokens, or None where vLLM's own serves it; `weights_for(x)`: the block's
+    model.moe.MoEWeights, or None where they cannot serve x. No vLLM needed (the GPU tests call it)."""
+    tokens = hidden_states.shape[0]
+    name = BLOCK.path(tokens, tokens, hidden_states.device, hidden_states.dtype)
+    weights = weights_for(hidden_states) if name in SERVABLE else None
+    if weights is None:
+        return None
+    return MOE_BLOCK_PATHS[name].fn(hidden_states, weights, _Runtime.config,
+                                    router_name_for(hidden_states.device, hidden_states.dtype))
 
 
 def block_problem(runner) -> str | None:
@@ -164,12 +177,8 @@ def served_class() -> tuple[type, type]:
             if (shared_experts_input is None and self._qwen36_kept is not None
                     and hidden_states.dim() == 2 and hidden_states.shape[0] <= FUSED_BLOCK_MAX_TOKENS
                     and not (forced() and self.layer_id % 2 == 0)):
-                tokens = hidden_states.shape[0]
-                name = BLOCK.path(tokens, tokens, hidden_states.device, hidden_states.dtype)
-                weights = self._qwen36_weights(hidden_states) if name in SERVABLE else None
-                if weights is not None:
-                    out = MOE_BLOCK_PATHS[name].fn(hidden_states, weights, _Runtime.config,
-                                                   router_name_for(hidden_states.device, hidden_states.dtype))
+                out = block_by_table(hidden_states, self._qwen36_weights)
+                if out is not None:
                     return self._maybe_reduce_final_output(out, None, False)
             return super().forward(hidden_states, router_logits, input_ids, shared_experts_input)
 

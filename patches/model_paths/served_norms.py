@@ -28,7 +28,8 @@ from ..core.registry import Patch
 from . import served_ops
 from .served_choice import BlockServing, configure, serving_device, table_rows_detail
 
-__all__ = ["PATCH", "SWITCH", "BLOCKS", "ADD_NORM", "GATED_NORM", "served_classes", "uninstall"]
+__all__ = ["PATCH", "SWITCH", "BLOCKS", "ADD_NORM", "GATED_NORM", "add_norm_by_table", "gated_norm_by_table",
+           "served_classes", "uninstall"]
 
 SWITCH = "QWEN36_PATCH_SERVED_NORMS"
 SEAM_MODULE = "vllm.model_executor.layers.layernorm"
@@ -50,6 +51,30 @@ def _who(serving, weight: torch.Tensor) -> str:
 
 def _rows(x: torch.Tensor) -> int:
     return x.numel() // x.shape[-1] if x.dim() else 0
+
+
+def add_norm_by_table(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(normed, x + residual) by the model path the table (or forcing) chooses for this call, or None where vLLM's
+    own serves it. What the substitute runs eagerly and inside its op; no vLLM needed (the GPU tests call it)."""
+    if not (_adds_residual(x, residual) and ADD_NORM.may_serve(x.device, x.dtype)):
+        return None
+    rows = _rows(x)
+    name = ADD_NORM.path(rows, rows, x.device, x.dtype)
+    if name is None:
+        return None
+    h_new, normed = ADD_RMS_NORM_PATHS[name].fn(residual, x, weight, eps)
+    return normed, h_new
+
+
+def gated_norm_by_table(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """`w * rms_norm(x) * silu(z)` by the model path the table (or forcing) chooses for this call, or None where
+    vLLM's own serves it (the caller has checked that the layer computes this)."""
+    if not GATED_NORM.may_serve(x.device, x.dtype):
+        return None
+    rows = _rows(x)
+    name = GATED_NORM.path(rows, rows, x.device, x.dtype)
+    return None if name is None else GATED_NORM_PATHS[name].fn(x, weight, eps, z)
 
 
 @functools.cache
@@ -77,13 +102,8 @@ def served_classes() -> dict[str, tuple[type, type]]:
             return super().forward(x, residual)
 
         def _qwen36_eager(self, x: torch.Tensor, residual: torch.Tensor | None):
-            if _adds_residual(x, residual) and ADD_NORM.may_serve(x.device, x.dtype):
-                rows = _rows(x)
-                name = ADD_NORM.path(rows, rows, x.device, x.dtype)
-                if name is not None:
-                    h_new, normed = ADD_RMS_NORM_PATHS[name].fn(residual, x, self.weight, self.variance_epsilon)
-                    return normed, h_new
-            return super().forward(x, residual)
+            served = add_norm_by_table(x, residual, self.weight, self.variance_epsilon)
+            return served if served is not None else super().forward(x, residual)
 
     class ServedRMSNormGated(RMSNormGated):
         """vLLM's RMSNormGated; the model's gated norm (`w * rms_norm(x) * silu(z)`) by the table's model path."""
@@ -102,12 +122,9 @@ def served_classes() -> dict[str, tuple[type, type]]:
             return super().forward(x, z)
 
         def _qwen36_eager(self, x: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor:
-            if z is not None and self._model_computes_this(x, z) and GATED_NORM.may_serve(x.device, x.dtype):
-                rows = _rows(x)
-                name = GATED_NORM.path(rows, rows, x.device, x.dtype)
-                if name is not None:
-                    return GATED_NORM_PATHS[name].fn(x, self.weight, self.eps, z)
-            return super().forward(x, z)
+            served = gated_norm_by_table(x, z, self.weight, self.eps) if (
+                z is not None and self._model_computes_this(x, z)) else None
+            return served if served is not None else super().forward(x, z)
 
         def _model_computes_this(self, x: torch.Tensor, z: torch.Tensor) -> bool:
             return (self.norm_before_gate and self.activation in ("silu", "swish") and self.bias is None

@@ -72,6 +72,12 @@ def test_the_command_writes_one_row_per_batch_with_every_block_kind(tmp_path):
         assert graph["max_len"] == 8 + CHECK_STEPS and graph["static_eager"]["samples"] == 3
         assert graph["static_vs_dynamic_rel_err"] <= ATTENTION_CORES["sdpa"][torch.float32]
         assert f"\n| {r['batch']} | n/a (CUDA only) | {8 + CHECK_STEPS} | " in md
+        # The same step through the served ops (harness/tune/step/through_ops.py): the same logits, bit for bit.
+        ops = r["through_ops"]
+        assert ops["logits_equal_direct"] is True and ops["step"]["samples"] == 3, ops
+        assert ops["graph"]["static_eager"]["samples"] == 3 and ops["graph"]["static_vs_dynamic_rel_err"] == \
+            graph["static_vs_dynamic_rel_err"]
+    assert "## Through the served ops" in md
     assert "## Graph replay" in md and "## Floor assumptions" in md and report["floor_assumptions"]
     assert "n/a (CUDA only)" in md.split("## Decode step")[1].split("\n\n")[1]  # the graph column of the step table
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from .graph import CHECK_STEPS
 
-__all__ = ["format_step_table", "write_step_report", "graph_notes", "GRAPH_FINDINGS", "GRAPH_METHOD", "KIND_ORDER"]
+__all__ = ["format_step_table", "write_step_report", "graph_notes", "ops_notes", "GRAPH_FINDINGS", "GRAPH_METHOD",
+           "KIND_ORDER"]
 
 KIND_ORDER = ("moe", "mlp", "gdn", "attention", "norm", "lm_head", "embed", "other")
 
@@ -168,6 +169,7 @@ def format_step_table(meta: dict, rows) -> str:
         lines += _aligned([("kind", *(f"B={r.batch}" for r in ok)),
                            *((k, *(_kind_cell(r, k) for r in ok)) for k in _kinds(ok))])
     lines += graph_notes(rows)
+    lines += ops_notes(rows)
     lines.append(f"graph: {meta.get('graph_timing', '-')} (the report says how, and what blocks capture)")
     return "\n".join(lines)
 
@@ -197,6 +199,36 @@ def _graph_row(r) -> tuple[str, ...]:
             _yes_no(g.replay_equals_eager) + ("" if g.replay_max_abs_diff in (None, 0.0)
                                                else f" (max abs diff {g.replay_max_abs_diff:.3g})"),
             _yes_no(g.eager_reproducible), _num(g.static_vs_dynamic, ".2e"), g.detail or "-")
+
+
+OPS_HEADER = ("B", "eager ms direct", "eager ms through ops", "ops / direct", "static eager ms direct",
+              "static eager ms through ops", "graph ms direct", "graph ms through ops", "ops / direct (graph)",
+              "logits == direct (bits)", "replay == eager static (bits)", "detail")
+
+
+def _ratio(a, b) -> str:
+    return "-" if a is None or b is None or not b.median_us else f"{a.median_us / b.median_us:.3f}"
+
+
+def _ops_row(r) -> tuple[str, ...]:
+    """The step through the served ops beside the direct one (run.py ThroughOps)."""
+    o, g = r.ops, r.graph
+    og = o.graph
+    cell = lambda t: "-" if t is None else _timing_cell(t)  # noqa: E731
+    direct_static, direct_replay = (g.static_eager, g.replay) if g is not None else (None, None)
+    ops_static, ops_replay = (og.static_eager, og.replay) if og is not None else (None, None)
+    return (str(r.batch), cell(r.step), cell(o.step), _ratio(o.step, r.step), cell(direct_static), cell(ops_static),
+            cell(direct_replay), cell(ops_replay), _ratio(ops_replay, direct_replay), _yes_no(o.equal),
+            "-" if og is None else _yes_no(og.replay_equals_eager),
+            o.detail or (og.detail if og is not None and og.detail else "-"))
+
+
+def ops_notes(rows) -> list[str]:
+    """The console's lines for the step through the served ops."""
+    return [f"through the served ops B={r.batch}: eager {_ratio(r.ops.step, r.step)}x the direct step, graph "
+            f"{_ratio(r.ops.graph.replay if r.ops.graph else None, r.graph.replay if r.graph else None)}x; logits equal "
+            f"{_yes_no(r.ops.equal)}" + (f"; {r.ops.detail}" if r.ops.detail else "")
+            for r in rows if r.ops is not None]
 
 
 def write_step_report(directory: Path, meta: dict, rows) -> tuple[Path, Path]:
@@ -251,6 +283,13 @@ def write_step_report(directory: Path, meta: dict, rows) -> tuple[Path, Path]:
                            f"replay == eager static (bits, {CHECK_STEPS} steps)",
                            "eager reproducible", "static vs dynamic logits (rel err)", "detail"),
                           [_graph_row(r) for r in rows if r.graph is not None])
+    if any(r.ops is not None for r in rows):
+        md += ["", "## Through the served ops", "", f"{meta.get('through_ops', '-')}: each served block (the residual "
+               "add + RMSNorm, the GDN layer, the MoE block) is called through its op (`qwen36::served_*`, "
+               "patches/model_paths/served_ops.py), whose layer is a stand-in calling the same block function, so "
+               "the logits must equal the direct step's bit for bit and the difference in time is the ops' cost. "
+               "Under a CUDA graph the ops' Python runs once, at capture.", ""]
+        md += _markdown_table(OPS_HEADER, [_ops_row(r) for r in rows if r.ops is not None])
     md += ["", GRAPH_FINDINGS[0], "", *(f"- {line}" for line in GRAPH_FINDINGS[1:]), "",
            "## Floor assumptions", "", *(f"- {line}" for line in assumptions), ""]
     md_path = directory / "step.md"

@@ -41,6 +41,7 @@ from ..measure.progress import Progress
 from ..measure.timing import L2Flusher, Timing, time_eager, warm_device
 from .graph import GraphResult, measure_static_step
 from .report import format_step_table, write_step_report
+from .through_ops import through_served_ops
 
 __all__ = ["run_step", "model_config", "BlockClock", "StepRow", "STEP_BATCHES", "STEP_PREFILL",
            "QWEN36_35B_A3B", "TINY_MODEL"]
@@ -131,6 +132,8 @@ class StepRow:
     kernels: dict[str, int] | None = None  # None: not counted (no CUDA)
     paths: dict[str, str] = field(default_factory=dict)
     graph: GraphResult | None = None  # the static-cache step, eager and replayed (None: not reached)
+    # The same steps with the served blocks called through the plugin's ops (step/through_ops.py); None: not reached.
+    ops: "ThroughOps | None" = None
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -146,7 +149,23 @@ class StepRow:
                 "step": self.step.as_dict() if self.step else None, "tokens_per_s": self.tokens_per_s,
                 "kernels": self.kernels, "instrumented_us": self.instrumented_us, "kinds_us": self.kinds_us,
                 "bytes": self.bytes, "floor_us": self.floor_us, "step_floor_us": self.step_floor_us,
-                "paths": self.paths, "graph": self.graph.as_dict(self.batch) if self.graph else None}
+                "paths": self.paths, "graph": self.graph.as_dict(self.batch) if self.graph else None,
+                "through_ops": self.ops.as_dict(self.batch) if self.ops else None}
+
+
+@dataclass
+class ThroughOps:
+    """The decode step with the served blocks called through their ops, beside the direct one: the eager dynamic
+    step, and the static step eager and replayed; `equal`: its logits against the direct step's, bit for bit."""
+
+    step: Timing | None = None
+    equal: bool | None = None
+    graph: GraphResult | None = None
+    detail: str = ""
+
+    def as_dict(self, batch: int) -> dict:
+        return {"step": self.step.as_dict() if self.step else None, "logits_equal_direct": self.equal,
+                "graph": self.graph.as_dict(batch) if self.graph else None, "detail": self.detail}
 
 
 def _sync(device: torch.device) -> None:
@@ -235,7 +254,8 @@ def prefilled(model: Qwen36Model, batch: int, prefill: int, device: torch.device
     return logits[:, -1].argmax(-1, keepdim=True), cache
 
 
-def measure_batch(model: Qwen36Model, batch: int, prefill: int, s: Settings, ceilings, tick) -> StepRow:
+def measure_batch(model: Qwen36Model, batch: int, prefill: int, s: Settings, ceilings, tick,
+                  through_ops: bool = True) -> StepRow:
     cfg = model.config
     row = StepRow(batch, prefill + 1)
     elem, state_elem = s.dtype.itemsize, compute_dtype(s.dtype).itemsize
@@ -263,7 +283,26 @@ def measure_batch(model: Qwen36Model, batch: int, prefill: int, s: Settings, cei
         row.graph = GraphResult("error", f"{type(exc).__name__}: {str(exc).strip()[:300]}")
         print(f"qwen36 tune step: B={batch}: the static-cache step failed: {type(exc).__name__}: {exc}",
               file=sys.stderr)
+    if through_ops:
+        row.ops = measure_through_ops(model, cache, ids, step_logits, s, tick)
     return row
+
+
+def measure_through_ops(model: Qwen36Model, cache, ids: torch.Tensor, step_logits: torch.Tensor, s: Settings,
+                        tick) -> ThroughOps:
+    """The step with the served blocks through the plugin's ops (step/through_ops.py), timed as the direct one."""
+    ops_model = Qwen36Model(model.weights, model.paths, call_blocks=through_served_ops())
+    result = ThroughOps()
+    try:
+        tick(f"B={ids.shape[0]}: {s.reps} timed decode steps through the served ops")
+        result.step = time_eager(lambda: ops_model.forward(ids, cache), s.device, s.flusher, s.reps, s.warmup)
+        result.equal = torch.equal(ops_model.forward(ids, cache)[0], step_logits)
+        result.graph = measure_static_step(ops_model, cache, ids, step_logits, s, tick)
+    except Exception as exc:  # the direct step's results stand
+        result.detail = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
+        print(f"qwen36 tune step: B={ids.shape[0]}: the step through the served ops failed: {result.detail}",
+              file=sys.stderr)
+    return result
 
 
 def _refused_flags(a) -> list[str]:
@@ -295,7 +334,8 @@ def run_step(a) -> int:
     ceilings = ceilings_for(stem, a.hbm_tbps, a.peak_tflops)
     graphs = device.type == "cuda" and not a.no_graph
     s = Settings(device, dtype, a.reps, a.warmup, graphs, L2Flusher(device, a.flush_mb * 2**20))
-    per_step = 4 + (device.type == "cuda") + graphs
+    through_ops = not a.no_through_ops
+    per_step = 4 + (device.type == "cuda") + graphs + through_ops * (2 + graphs)
     progress = Progress(1 + per_step * len(batches), enabled=not a.no_progress, unit="phase")
     meta = {
         "device": name, "device_stem": stem, "date": today, "torch": torch.__version__,
@@ -314,6 +354,8 @@ def run_step(a) -> int:
                    "steps"),
         "graph_timing": ("CUDA graph replay of the static-cache step, timed as the eager step is" if graphs else
                          "off (--no-graph)" if device.type == "cuda" else "n/a (CUDA only)"),
+        "through_ops": ("the same steps with the served blocks called through the plugin's ops, timed the same way"
+                        if through_ops else "off (--no-through-ops)"),
     }
     print(f"qwen36 tune step: dispatch table: {meta['dispatch']}")
     rows: list[StepRow] = []
@@ -333,7 +375,7 @@ def run_step(a) -> int:
         warm_device(device)
         for batch in batches:
             try:
-                rows.append(measure_batch(model, batch, prefill, s, ceilings, progress.tick))
+                rows.append(measure_batch(model, batch, prefill, s, ceilings, progress.tick, through_ops))
             except (Exception, KeyboardInterrupt) as exc:
                 rows.append(StepRow(batch, prefill + 1, "error", f"{type(exc).__name__}: {str(exc).strip()[:300]}"))
                 print(f"qwen36 tune step: B={batch} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
