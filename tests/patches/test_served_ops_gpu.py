@@ -138,18 +138,22 @@ def test_the_moe_block_op_compiled_and_captured_equals_the_substitutes_call(toke
 
 
 class GDNStandIn:
-    """A served GDN layer's core: the op carries the projected q/k/v rows; z, b, a and the caches are the layer's
-    (a served layer's caches are its own, not the op's arguments)."""
+    """A served GDN layer: the op carries the projected q/k/v rows; z, b, a and the caches are the layer's (a served
+    layer's caches are its own, not the op's arguments). Its output goes through an output projection back to the
+    input's width, as the served layer's out_proj brings it back to the hidden size: the op's contract (its fake
+    implementation) is an output shaped as its input."""
 
-    def __init__(self, weights, rows: torch.Tensor) -> None:
-        self.weights, self.rows = weights, rows
+    def __init__(self, weights, rows: torch.Tensor, out_proj: torch.Tensor) -> None:
+        self.weights, self.rows, self.out_proj = weights, rows, out_proj
         self.z = self.b = self.a = self.conv = self.recurrent = None
 
     def bind(self, z, b, a, conv, recurrent) -> None:
         self.z, self.b, self.a, self.conv, self.recurrent = z, b, a, conv, recurrent
 
     def _qwen36_eager(self, qkv: torch.Tensor) -> torch.Tensor:
-        return served_gdn.fused_core(qkv, self.z, self.b, self.a, self.weights, self.conv, self.recurrent, self.rows)
+        normed = served_gdn.fused_core(qkv, self.z, self.b, self.a, self.weights, self.conv, self.recurrent,
+                                       self.rows)
+        return torch.nn.functional.linear(normed, self.out_proj)
 
 
 @pytest.mark.parametrize("batch", BATCHES)
@@ -162,7 +166,8 @@ def test_the_gdn_core_op_compiled_and_captured_advances_the_state_rows_as_the_di
     d, cuda = REAL_PER_RANK.gdn, torch.device("cuda")
     slots = 2 * batch + 3
     rows = torch.arange(slots - 1, slots - 1 - 2 * batch, -2, device=cuda, dtype=torch.int32)  # distinct, scattered
-    layer = GDNStandIn(gdn_weights(d, DTYPE, cuda), rows)
+    out_proj = (torch.randn(d.conv_dim, d.value_dim, device=cuda) * d.value_dim ** -0.5).to(DTYPE)
+    layer = GDNStandIn(gdn_weights(d, DTYPE, cuda), rows, out_proj)
     name = served_ops.name_layer(layer, "gdn_layer_decode")
 
     def make_inputs(seed):
