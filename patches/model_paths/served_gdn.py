@@ -62,8 +62,6 @@ METADATA_MODULE = "vllm.v1.attention.backends.gdn_attn"
 # What the adapter reads of this step's GDN metadata (_decode_only, _served_decode).
 METADATA_FIELDS = ("num_prefills", "num_decodes", "num_decode_tokens", "num_actual_tokens", "spec_sequence_masks",
                    "num_accepted_tokens", "non_spec_state_indices_tensor")
-# Where the status row says it serves: the mode (eager, compiled, CUDA graphs) is the server's, logged at model build.
-MODES = f"eager: direct calls; compiled: the op {served_ops.GDN_OP}"
 SERVABLE = ("staged", "triton")  # the decode-layer paths this adapter runs (the reference is a test's)
 
 BLOCKS = ("gdn_layer_decode",)  # the dispatch-table blocks this patch serves
@@ -279,7 +277,8 @@ def install(settings) -> str:
     triton_note = "" if triton_decode_layer is not None else "; no Triton here: `triton` rows leave vLLM's"
     splitting = served_ops.register_splitting_op()
     return (f"registry: {SEAM_CLASS}, decode-only steps (gdn_layer_decode: {table_rows_detail('gdn_layer_decode', device)})"
-            f" on {device}; prefill and mixed steps vLLM's" + triton_note + f"; {MODES}; {splitting}"
+            f" on {device}; prefill and mixed steps vLLM's" + triton_note
+            + f"; {served_ops.routes(DECODE.block)}; {splitting}"
             + ("; forced: the model's path where the table leaves vLLM's" if settings.served_force else ""))
 
 

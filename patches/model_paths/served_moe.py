@@ -228,7 +228,7 @@ def install(settings) -> str:
     return (f"registry: {SEAM_CLASS} (router, routed experts and gated shared expert), T<={FUSED_BLOCK_MAX_TOKENS} "
             f"(moe_block: {table_rows_detail('moe_block', device)}) on {device}; larger T vLLM's"
             + ("; forced: the model's path on odd layers where the table leaves vLLM's" if settings.served_force
-               else "") + f"; eager: direct calls; compiled: the op {served_ops.OPS['moe_block']}")
+               else "") + f"; {served_ops.routes(BLOCK.block)}")
 
 
 def uninstall() -> None:

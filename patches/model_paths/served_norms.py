@@ -150,8 +150,7 @@ def install(settings) -> str:
     return (f"registry: GemmaRMSNorm with a residual (add_rms_norm: {table_rows_detail('add_rms_norm', device)}), "
             f"RMSNormGated (gdn_gated_norm: {table_rows_detail('gdn_gated_norm', device)}) on {device}"
             + ("; forced: the model's path where the table leaves vLLM's" if settings.served_force else "")
-            + f"; eager: direct calls; compiled: the ops {served_ops.OPS['add_rms_norm']}, "
-              f"{served_ops.OPS['gdn_gated_norm']}")
+            + f"; {served_ops.routes(ADD_NORM.block, GATED_NORM.block)}")
 
 
 def uninstall() -> None:

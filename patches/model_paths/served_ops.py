@@ -32,9 +32,9 @@ from dataclasses import dataclass
 import torch
 import torch._dynamo  # assume_constant_result
 
-__all__ = ["LIBRARY", "OPS", "GDN_OP", "name_layer", "layer_named", "serves_here", "who_serves", "served_add_rms_norm", "served_gated_norm",
-           "served_gdn_layer", "served_moe_block", "register_splitting_op", "ServerMode", "server_mode",
-           "log_mode_once", "mode_line", "mode_problem"]
+__all__ = ["LIBRARY", "OPS", "GDN_OP", "name_layer", "layer_named", "serves_here", "who_serves", "routes",
+           "served_add_rms_norm", "served_gated_norm", "served_gdn_layer", "served_moe_block", "register_splitting_op",
+           "ServerMode", "server_mode", "log_mode_once", "mode_line", "mode_problem"]
 
 LIBRARY = "qwen36"
 GDN_OP = f"{LIBRARY}::served_gdn_layer"
@@ -79,6 +79,11 @@ def who_serves(serving, device: torch.device) -> str:
 
     rows = table_rows_detail(serving.block, device)
     return f"forced: the model's path where the table leaves vLLM's ({rows})" if forced() else rows
+
+
+def routes(*blocks: str) -> str:
+    """How the blocks are called in each mode, for their status row."""
+    return f"eager: direct calls; compiled: the op{'s' if len(blocks) > 1 else ''} {', '.join(OPS[b] for b in blocks)}"
 
 
 def _fresh(out: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
@@ -162,7 +167,7 @@ def server_mode(vllm_config) -> ServerMode:
     mode = getattr(compilation.mode, "name", str(compilation.mode))
     eager = bool(getattr(vllm_config.model_config, "enforce_eager", False)) if vllm_config.model_config else False
     if mode == "NONE" or eager:
-        return ServerMode("eager", "torch.compile off (--enforce-eager or compilation mode NONE): direct calls")
+        return ServerMode("eager", "torch.compile off: --enforce-eager or compilation mode NONE")
     graphs = getattr(compilation, "cudagraph_mode", None)
     graph_name = getattr(graphs, "name", "NONE") if graphs is not None else "NONE"
     sizes = list(getattr(compilation, "cudagraph_capture_sizes", None) or [])

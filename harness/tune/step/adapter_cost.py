@@ -92,12 +92,10 @@ def _calls(cfg, layers, batch: int) -> dict[str, tuple[Callable, Callable]]:
 def _layers(cfg):
     from harness.serving import vllm_inprocess
 
-    hidden = cfg.model_config.hf_text_config.hidden_size
-    v_dim = cfg.model_config.hf_text_config.linear_value_head_dim
+    from .served_launches import norm_layers
+
     g = torch.Generator().manual_seed(0)
-    norm = vllm_inprocess.build_norm(cfg, "gemma", (torch.randn(hidden, generator=g) * 0.3).to(torch.bfloat16), 1e-6)
-    gated = vllm_inprocess.build_norm(cfg, "gated", (torch.rand(v_dim, generator=g) + 0.5).to(torch.bfloat16), 1e-6,
-                                      norm_before_gate=True, activation="silu")
+    norm, gated = norm_layers(cfg, g)
     shapes = vllm_inprocess.moe_block_shapes(cfg)
     weights = {name: torch.randn(shape, generator=g) * 0.1 for name, shape in shapes.items()}
     moe = vllm_inprocess.build_moe_block(cfg, "model.layers.1.mlp_adapter_cost", weights, torch.device("cpu"))

@@ -43,6 +43,19 @@ def _weights(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, torch.T
     return {name: torch.randn(shape, generator=g) * 0.1 for name, shape in shapes.items()}
 
 
+def norm_layers(cfg, g: torch.Generator):
+    """vLLM's GemmaRMSNorm and the GDN layer's RMSNormGated (gate after the norm, SiLU) at `cfg`'s dims, bf16 random
+    weights drawn from `g` (the plugin's substitutes where they are registered)."""
+    from harness.serving import vllm_inprocess
+
+    hidden = cfg.model_config.hf_text_config.hidden_size
+    v_dim = cfg.model_config.hf_text_config.linear_value_head_dim
+    norm = vllm_inprocess.build_norm(cfg, "gemma", (torch.randn(hidden, generator=g) * 0.3).to(torch.bfloat16), 1e-6)
+    gated = vllm_inprocess.build_norm(cfg, "gated", (torch.rand(v_dim, generator=g) + 0.5).to(torch.bfloat16), 1e-6,
+                                      norm_before_gate=True, activation="silu")
+    return norm, gated
+
+
 def _layers(cfg, served: bool):
     """(add + norm, gated norm, MoE block, GDN layer) as vLLM builds them, the plugin's where `served`."""
     from vllm.config import set_current_vllm_config
@@ -51,12 +64,8 @@ def _layers(cfg, served: bool):
 
     from harness.serving import vllm_inprocess
 
-    hidden = cfg.model_config.hf_text_config.hidden_size
-    v_dim = cfg.model_config.hf_text_config.linear_value_head_dim
     g = torch.Generator().manual_seed(0)
-    norm = vllm_inprocess.build_norm(cfg, "gemma", (torch.randn(hidden, generator=g) * 0.3).to(torch.bfloat16), 1e-6)
-    gated = vllm_inprocess.build_norm(cfg, "gated", (torch.rand(v_dim, generator=g) + 0.5).to(torch.bfloat16), 1e-6,
-                                      norm_before_gate=True, activation="silu")
+    norm, gated = norm_layers(cfg, g)
     tag = "served" if served else "own"
     with set_current_vllm_config(cfg):
         default = torch.get_default_dtype()

@@ -19,11 +19,7 @@ import torch
 
 from patches.model_paths import served_ops
 
-__all__ = ["through_served_ops", "SERVED_OP_OF"]
-
-# The model's block (BLOCK_CALLS) -> the served op a compiled server calls it through.
-SERVED_OP_OF = {"add_rms_norm": served_ops.OPS["add_rms_norm"], "gdn": served_ops.OPS["gdn_layer_decode"],
-                "mlp": served_ops.OPS["moe_block"]}
+__all__ = ["through_served_ops"]
 
 
 class _StandIn:
